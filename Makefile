@@ -1,0 +1,35 @@
+# The README's commands. Everything runs from a virtualenv the Makefile creates.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean check-java
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "merge-service needs Python 3.11 or newer")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "merge-service needs Java 17 or newer on PATH (Spark runs on it): install a JDK, e.g. 'apt-get install openjdk-17-jre-headless'." >&2; exit 1; }
+
+run: $(STAMP) check-java
+	$(BIN)/merge-service migrate
+	$(BIN)/merge-service serve --host 127.0.0.1 --port 8000
+
+test: $(STAMP) check-java
+	$(BIN)/ruff check engine service migrations tests bench
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check engine service migrations tests bench
+	$(BIN)/ruff format --check engine service migrations tests bench
+
+bench: $(STAMP) check-java
+	$(BIN)/python bench/merge_bench.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -1,0 +1,156 @@
+"""The engine's one family of errors.
+
+Callers (the job service) decide what to do by kind: ``retryable`` errors are transient (a lost commit race,
+Spark unreachable); every other error is final and leaves the table unchanged. ``title`` is the short, stable
+summary a problem document shows; the message is the specific detail.
+"""
+
+from __future__ import annotations
+
+
+class MergeServiceEngineError(Exception):
+    """Root of every error the engine raises on purpose."""
+
+    title = "Merge failed"
+    retryable = False
+
+
+# --- the spec and its resolution ---------------------------------------------------------------------------
+
+
+class MergeSpecError(MergeServiceEngineError):
+    """The merge cannot be valid: clause order, missing clauses, a malformed expression, bad SQL text."""
+
+    title = "Invalid merge"
+
+
+class MergeResolutionError(MergeSpecError):
+    """A name or type does not resolve against the tables: unknown column, out-of-scope reference."""
+
+    title = "Merge does not resolve"
+
+
+class SchemaMismatchError(MergeSpecError):
+    """Source and target schemas cannot be reconciled (e.g. incompatible types under schema evolution)."""
+
+    title = "Schema mismatch"
+
+
+class SourceError(MergeServiceEngineError):
+    """The source cannot be read or converted (a missing path, a value that does not fit its column)."""
+
+    title = "Invalid source"
+
+
+class SourceRowError(SourceError):
+    """An inline row value does not convert to its declared type."""
+
+    title = "Invalid source row"
+
+    def __init__(self, message: str, *, row: int, column: str) -> None:
+        super().__init__(message)
+        self.row = row
+        self.column = column
+
+
+# --- running the merge ---------------------------------------------------------------------------------------
+
+
+class MultipleMatchError(MergeServiceEngineError):
+    """Several source rows matched one target row (Delta's DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW)."""
+
+    title = "Multiple source rows matched the same target row"
+
+
+class DataCastError(MergeServiceEngineError):
+    """A value does not fit its target column under ANSI store assignment."""
+
+    title = "Value does not fit its column"
+
+
+class MergeExecutionError(MergeServiceEngineError):
+    """Spark failed the merge for a reason that is in the data or the query, not transient."""
+
+    title = "Merge execution failed"
+
+
+class MergeCancelledError(MergeServiceEngineError):
+    """The caller asked to stop before the commit started."""
+
+    title = "Merge cancelled"
+
+
+class SparkUnavailableError(MergeServiceEngineError):
+    """Spark Connect could not be reached or lost the session."""
+
+    title = "Spark is unavailable"
+    retryable = True
+
+
+# --- the Delta table layer -----------------------------------------------------------------------------------
+
+
+class DeltaError(MergeServiceEngineError):
+    """Root of the Delta table layer's errors."""
+
+    title = "Delta table error"
+
+
+class TableNotFoundError(DeltaError):
+    title = "Table not found"
+
+
+class UnsupportedTableFeatureError(DeltaError):
+    """The table needs a reader or writer feature the engine does not implement."""
+
+    title = "Unsupported table feature"
+
+
+class AppendOnlyTableError(DeltaError):
+    title = "Table is append-only"
+
+
+class CommitFailedError(DeltaError):
+    """The commit definitely did not land (nothing was written to the log)."""
+
+    title = "Commit failed"
+
+
+class ConcurrentModificationError(CommitFailedError):
+    """A commit that won the race conflicts with ours (Delta's WriteSerializable rules). Retry from a fresh
+    snapshot."""
+
+    title = "Concurrent modification"
+    retryable = True
+
+
+class ConcurrentAppendError(ConcurrentModificationError):
+    title = "Concurrent append"
+
+
+class ConcurrentDeleteReadError(ConcurrentModificationError):
+    title = "Concurrent delete of a file read"
+
+
+class ConcurrentDeleteDeleteError(ConcurrentModificationError):
+    title = "Concurrent delete of a file removed"
+
+
+class MetadataChangedError(ConcurrentModificationError):
+    title = "Table metadata changed"
+
+
+class ProtocolChangedError(ConcurrentModificationError):
+    title = "Table protocol changed"
+
+
+class ConcurrentTransactionError(ConcurrentModificationError):
+    title = "Concurrent transaction with the same application id"
+
+
+class CommitStateUnknownError(DeltaError):
+    """The log write may or may not have landed (pyiceberg's distinction). Callers re-read the table before
+    deciding; the txn action makes that safe."""
+
+    title = "Commit state unknown"
+    retryable = True
