@@ -1,0 +1,385 @@
+"""MergeIntoCommand.runMerge: snapshot, source preparation, resolution, data skipping, the executor, the
+commit, and the result row with Delta's metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from sqlglot import exp
+
+from engine import delta
+from engine.delta.app_transactions import find_app_transaction_commit
+from engine.errors import (
+    ConcurrentModificationError,
+    DataCastError,
+    MergeCancelledError,
+    MergeExecutionError,
+    MergeResolutionError,
+    MergeServiceEngineError,
+    SparkUnavailableError,
+    UnsupportedTableFeatureError,
+)
+from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
+from engine.expressions import (
+    Sides,
+    and_all,
+    conjuncts,
+    equi_join_keys,
+    parse_expression,
+    sql,
+    strip_qualifiers,
+    target_only_predicates,
+    validate_spec,
+)
+from engine.resolution import Resolver
+from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
+from engine.source import source_dataframe
+from engine.spec import DeleteAction, MergeSpec, RowsSource, TableSource, UpdateAction
+
+MAX_CONFLICT_RETRIES = 3
+MAX_PARTITION_VALUES_FOR_SKIPPING = 200
+ENGINE_INFO = "merge-service/0.1.0"
+
+ProgressCallback = Callable[[Phase], None]
+
+
+def run_merge(
+    spark: SparkSession,
+    spec: MergeSpec,
+    *,
+    txn: AppTransaction | None = None,
+    on_progress: ProgressCallback | None = None,
+    dry_run: bool = False,
+) -> MergeResult:
+    """Apply one merge to its target as one Delta commit. A commit that loses a race with a conflicting one is
+    redone from a fresh snapshot a few times before the conflict is raised."""
+    spec = validate_spec(spec)
+    for attempt in range(MAX_CONFLICT_RETRIES):
+        try:
+            return MergeIntoCommand(spark, spec, txn=txn, on_progress=on_progress, dry_run=dry_run).run()
+        except ConcurrentModificationError:
+            if attempt == MAX_CONFLICT_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
+    """Spark's errors by kind: data that does not fit, names that do not resolve, cancellation, transport."""
+    condition = ""
+    for getter in ("getCondition", "getErrorClass"):
+        fn = getattr(exc, getter, None)
+        if fn is not None:
+            try:
+                condition = fn() or ""
+            except Exception:
+                condition = ""
+            if condition:
+                break
+    text = str(exc).strip()
+    first = text.splitlines()[0][:1000] if text else type(exc).__name__
+    if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
+        return MergeCancelledError("The merge was cancelled while Spark was running it.")
+    if any(k in condition for k in ("CAST_OVERFLOW", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF_RANGE",
+                                    "ARITHMETIC_OVERFLOW", "NUMERIC_OUT_OF_SUPPORTED_RANGE", "DATETIME_OVERFLOW")):
+        return DataCastError(f"A value does not fit its target column: {first}")
+    if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
+        return MergeResolutionError(first)
+    name = type(exc).__name__
+    if name in ("SparkConnectGrpcException", "RetriesExceeded") and any(
+        k in text for k in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed", "DEADLINE")
+    ):
+        return SparkUnavailableError(f"Spark Connect failed: {first}")
+    if name == "AnalysisException":
+        return MergeResolutionError(first)
+    return MergeExecutionError(first)
+
+
+def _literal(value: Any) -> exp.Expression | None:
+    """A SQL literal for a statistics bound; None for values data skipping cannot compare."""
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, (int, decimal.Decimal)):
+        return exp.Literal.number(str(value))
+    if isinstance(value, float):
+        return exp.Literal.number(repr(value)) if value == value and abs(value) != float("inf") else None
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    if isinstance(value, dt.datetime):
+        stamp = value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+        return exp.cast(exp.Literal.string(stamp.isoformat(sep=" ")), exp.DataType.build("timestamp"))
+    if isinstance(value, dt.date):
+        return exp.cast(exp.Literal.string(value.isoformat()), exp.DataType.build("date"))
+    return None
+
+
+class MergeIntoCommand:
+    def __init__(self, spark: SparkSession, spec: MergeSpec, *, txn: AppTransaction | None,
+                 on_progress: ProgressCallback | None, dry_run: bool) -> None:
+        self.spark = spark
+        self.spec = spec
+        self.txn = txn
+        self.on_progress = on_progress or (lambda phase: None)
+        self.dry_run = dry_run
+        self.metrics: dict[str, int] = dict.fromkeys(ALL_METRICS, 0)
+        self.write_id = f"merge-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        self._views: list[str] = []
+
+    def run(self) -> MergeResult:
+        start = time.monotonic()
+        snapshot = None
+        wrote = False
+        try:
+            snapshot = delta.load_snapshot(self.spec.target)
+            delta.check_supported(snapshot)
+            if snapshot.cdf_enabled:
+                raise UnsupportedTableFeatureError(
+                    "The table has Change Data Feed enabled (delta.enableChangeDataFeed = true); merges into such "
+                    "tables are not supported yet, and writing without change data would break its readers."
+                )
+            if self.txn is not None:
+                applied = snapshot.app_transaction_version(self.txn.app_id)
+                if applied is not None and applied >= self.txn.version:
+                    return MergeResult(
+                        table_version=_version_with_txn(snapshot, self.txn), result=_result_row(self.metrics),
+                        metrics={}, already_applied=True,
+                    )
+            if any(isinstance(c.action, (UpdateAction, DeleteAction)) for c in self.spec.clauses):
+                delta.check_can_modify(snapshot)
+            wrote = True
+            return self._run(snapshot, start)
+        except MergeServiceEngineError:
+            raise
+        except PySparkException as exc:
+            raise translate_spark_error(exc) from exc
+        finally:
+            if snapshot is not None and wrote and (self.dry_run or not getattr(self, "_committed", False)):
+                delta.discard_write(snapshot, self.write_id)
+            for view in self._views:
+                with contextlib.suppress(PySparkException):
+                    self.spark.catalog.dropTempView(view)
+
+    # --- the merge ---------------------------------------------------------------------------------------------
+
+    def _prepare_source(self) -> DataFrame:
+        """MergeIntoMaterializeSource: a source that could change between the two reads of a classic merge is
+        materialized once; a Delta snapshot or inline rows read the same twice."""
+        self.on_progress("preparing_source")
+        start = time.monotonic()
+        source = source_dataframe(self.spark, self.spec.source, self._views)
+        if not self.spec.is_insert_only and not isinstance(self.spec.source, RowsSource) and not (
+            isinstance(self.spec.source, TableSource) and self.spec.source.format == "delta"
+        ):
+            source = source.localCheckpoint(eager=True)
+            self.metrics["materializeSourceTimeMs"] = int((time.monotonic() - start) * 1000)
+        return source
+
+    def _run(self, snapshot: Any, start: float) -> MergeResult:
+        spec = self.spec
+        source = self._prepare_source()
+        target_empty = delta.scan_files(self.spark, snapshot, [])
+        resolved = Resolver(spec, source, target_empty, snapshot.spark_schema).resolve()
+
+        all_files = list(snapshot.files)
+        sides = Sides(spec.target_alias, spec.source_alias,
+                      frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
+                      frozenset(f.name.lower() for f in source.schema.fields))
+        predicate = self._skipping_predicate(snapshot, source, sides, all_files)
+        candidates = delta.prune_files(snapshot, all_files, predicate) if predicate is not None else all_files
+        m = self.metrics
+        m["numTargetFilesBeforeSkipping"] = len(all_files)
+        m["numTargetBytesBeforeSkipping"] = sum(f.size for f in all_files)
+        m["numTargetFilesAfterSkipping"] = len(candidates)
+        m["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
+        m["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
+
+        key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
+        ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
+                           key_exprs=key_exprs)
+        removed: list[Any] = []
+        if spec.is_insert_only:
+            self.on_progress("writing")
+            added = InsertOnlyMergeExecutor(ctx).write_only_inserts()
+        else:
+            self.on_progress("finding_touched_files")
+            executor = ClassicMergeExecutor(ctx)
+            touched = executor.find_touched_files()
+            self.on_progress("writing")
+            if touched:
+                added, _ = executor.write_all_changes()
+                removed = touched
+            elif spec.not_matched:
+                added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
+                    filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan")
+            else:
+                added = []
+        self._finish_metrics(snapshot, added, removed)
+        changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
+        version = None
+        if changed and not self.dry_run:
+            version = self._commit(snapshot, resolved, predicate, candidates, added, removed)
+        m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
+        return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
+
+    def _finish_metrics(self, snapshot: Any, added: list[Any], removed: list[Any]) -> None:
+        m = self.metrics
+        m["numTargetRowsUpdated"] = m["numTargetRowsMatchedUpdated"] + m["numTargetRowsNotMatchedBySourceUpdated"]
+        m["numTargetRowsDeleted"] = m["numTargetRowsMatchedDeleted"] + m["numTargetRowsNotMatchedBySourceDeleted"]
+        m["numOutputRows"] = m["numTargetRowsInserted"] + m["numTargetRowsUpdated"] + m["numTargetRowsCopied"]
+        m["numTargetFilesAdded"] = len(added)
+        m["numTargetBytesAdded"] = sum(f.size for f in added)
+        m["numTargetFilesRemoved"] = len(removed)
+        m["numTargetBytesRemoved"] = sum(f.size for f in removed)
+        m["numTargetPartitionsRemovedFrom"] = _partitions(snapshot, removed)
+        m["numTargetPartitionsAddedTo"] = _partitions(snapshot, added)
+
+    # --- data skipping -----------------------------------------------------------------------------------------
+
+    def _skipping_predicate(self, snapshot: Any, source: DataFrame, sides: Sides,
+                            files: list[Any]) -> exp.Expression | None:
+        """Delta's getTargetOnlyPredicates (ON, and for matched-only merges the clause conditions), plus, beyond
+        Delta on Spark, the source's join-key range and partition values. None with NOT MATCHED BY SOURCE
+        clauses: every target row is then in scope."""
+        spec = self.spec
+        if spec.not_matched_by_source or not files:
+            return None
+        predicates = target_only_predicates(spec.on, sides)
+        if spec.is_matched_only:
+            per_clause = []
+            for clause in spec.matched:
+                if clause.condition is None:
+                    per_clause = []
+                    break
+                parts = [strip_qualifiers(c) for c in conjuncts(parse_expression(clause.condition, "condition"))
+                         if sides.sides_of(c) == {"target"}]
+                if not parts:
+                    per_clause = []
+                    break
+                per_clause.append(and_all(parts))
+            if per_clause:
+                predicates.append(exp.or_(*per_clause) if len(per_clause) > 1 else per_clause[0])
+        if len(files) > 1:
+            predicates.extend(self._source_key_predicates(snapshot, source, sides))
+        return and_all(predicates)
+
+    def _source_key_predicates(self, snapshot: Any, source: DataFrame, sides: Sides) -> list[exp.Expression]:
+        keys = equi_join_keys(self.spec.on, sides)
+        if not keys:
+            return []
+        partition_cols = {c.lower() for c in snapshot.partition_columns}
+        aggs = []
+        s = self.spec.source_alias
+        aliased = source.alias(s)
+        for i, (column, source_expr) in enumerate(keys):
+            value = F.expr(sql(source_expr))
+            aggs += [F.min(value).alias(f"min{i}"), F.max(value).alias(f"max{i}"),
+                     F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
+            if column.lower() in partition_cols:
+                aggs.append(F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
+                            .alias(f"values{i}"))
+        row = aliased.agg(*aggs).collect()[0].asDict()
+        predicates: list[exp.Expression] = []
+        on_parts = {id(c): c for c in conjuncts(parse_expression(self.spec.on, "on"))}
+        null_safe_columns = {
+            str(c.left.name).lower() for c in on_parts.values() if isinstance(c, exp.NullSafeEQ)
+            and isinstance(c.left, exp.Column)
+        } | {
+            str(c.right.name).lower() for c in on_parts.values() if isinstance(c, exp.NullSafeEQ)
+            and isinstance(c.right, exp.Column)
+        }
+        for i, (column, _) in enumerate(keys):
+            col = exp.column(column, quoted=True)
+            lo, hi = _literal(row[f"min{i}"]), _literal(row[f"max{i}"])
+            has_nulls = int(row[f"nulls{i}"] or 0) > 0 and column.lower() in null_safe_columns
+            if row[f"min{i}"] is None:
+                pred: exp.Expression = exp.Is(this=col, expression=exp.Null()) if has_nulls else exp.false()
+            elif lo is None or hi is None:
+                continue
+            else:
+                pred = exp.Between(this=col, low=lo, high=hi)
+                values = row.get(f"values{i}")
+                if values is not None and len(values) <= MAX_PARTITION_VALUES_FOR_SKIPPING:
+                    literals = [_literal(v) for v in values if v is not None]
+                    if literals and all(lit is not None for lit in literals):
+                        pred = exp.In(this=col.copy(), expressions=literals)
+                if has_nulls:
+                    pred = exp.or_(pred, exp.Is(this=col.copy(), expression=exp.Null()))
+            predicates.append(pred)
+        return predicates
+
+    # --- the commit ----------------------------------------------------------------------------------------------
+
+    def _commit(self, snapshot: Any, resolved: Any, predicate: exp.Expression | None, candidates: list[Any],
+                added: list[Any], removed: list[Any]) -> int:
+        transaction = delta.Transaction(snapshot, engine_info=ENGINE_INFO)
+        transaction.record_read(candidates, sql(predicate) if predicate is not None else None)
+        if self.txn is not None:
+            transaction.set_app_transaction(self.txn.app_id, self.txn.version)
+        actions: list[Any] = []
+        if resolved.schema_changed:
+            from pyspark.sql.types import StructType
+
+            actions.append(snapshot.metadata.with_schema(StructType(resolved.output_fields)))
+        now = int(time.time() * 1000)
+        actions += [f.to_remove(now) for f in removed]
+        actions += list(added)
+        self.on_progress("committing")
+        metrics = {k: str(self.metrics[k]) for k in COMMIT_METRICS}
+        version = transaction.commit(
+            actions, operation="MERGE", operation_parameters=self._operation_parameters(),
+            operation_metrics=metrics, is_blind_append=False,
+        )
+        self._committed = True
+        return int(version)
+
+    def _operation_parameters(self) -> dict[str, str]:
+        """DeltaOperations.Merge's parameters, in Delta's JSON shapes."""
+
+        def predicates(clauses: Any) -> str:
+            out = []
+            for c in clauses:
+                item = {"actionType": c.action_name}
+                if c.condition is not None:
+                    item = {"predicate": c.condition, **item}
+                out.append(item)
+            return json.dumps(out)
+
+        return {
+            "predicate": json.dumps([self.spec.on]),
+            "matchedPredicates": predicates(self.spec.matched),
+            "notMatchedPredicates": predicates(self.spec.not_matched),
+            "notMatchedBySourcePredicates": predicates(self.spec.not_matched_by_source),
+        }
+
+
+def _result_row(m: dict[str, int]) -> dict[str, int]:
+    updated = m.get("numTargetRowsUpdated", 0)
+    deleted = m.get("numTargetRowsDeleted", 0)
+    inserted = m.get("numTargetRowsInserted", 0)
+    return {
+        "num_affected_rows": updated + deleted + inserted,
+        "num_updated_rows": updated,
+        "num_deleted_rows": deleted,
+        "num_inserted_rows": inserted,
+    }
+
+
+def _partitions(snapshot: Any, files: list[Any]) -> int:
+    if not snapshot.partition_columns:
+        return 0
+    return len({tuple(sorted(f.partition_values.items(), key=lambda kv: kv[0])) for f in files})
+
+
+def _version_with_txn(snapshot: Any, txn: AppTransaction) -> int:
+    """The version whose commit carries ``txn`` (searched from the newest commit back)."""
+    found = find_app_transaction_commit(snapshot, txn.app_id, txn.version)
+    return found if found is not None else snapshot.version

@@ -1,0 +1,28 @@
+"""Which commit carries an application transaction (Delta's ``txn`` action).
+
+The snapshot knows only the latest version per application id; a retried job needs the table version that
+recorded its own, so the log is read back from the newest commit until that ``txn`` is found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def find_app_transaction_commit(snapshot: Any, app_id: str, version: int) -> int | None:
+    log_dir = os.path.join(snapshot.root, "_delta_log")
+    for candidate in range(snapshot.version, -1, -1):
+        path = os.path.join(log_dir, f"{candidate:020d}.json")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    if '"txn"' not in line:
+                        continue
+                    action = json.loads(line).get("txn")
+                    if action and action.get("appId") == app_id and int(action.get("version", -1)) == version:
+                        return candidate
+        except FileNotFoundError:
+            return None
+    return None

@@ -1,0 +1,242 @@
+"""Delta's two merge executors over Spark Connect.
+
+ClassicMergeExecutor: ``find_touched_files`` joins the data-skipped target with the source once, collecting
+the touched files and the per-target-row match counts (the multiple-match check) in one Spark job;
+``write_all_changes`` rewrites only those files, joined with the source, through MergeOutputGeneration.
+InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from engine import delta
+from engine.errors import MultipleMatchError
+from engine.output import (
+    ACTION_COL,
+    COPY,
+    DROP_SOURCE,
+    INSERT,
+    MATCHED_DELETE,
+    MATCHED_UPDATE,
+    NOT_MATCHED_BY_SOURCE_DELETE,
+    NOT_MATCHED_BY_SOURCE_UPDATE,
+    ROW_DROPPED_COL,
+    SOURCE_ROW_PRESENT_COL,
+    TARGET_ROW_PRESENT_COL,
+    action_counts,
+    generate_inserts_only_output_cols,
+    generate_precomputed_conditions_and_df,
+    generate_write_all_changes_output_cols,
+    target_write_cols,
+)
+from engine.resolution import ResolvedMerge
+from engine.spec import DeleteAction, MergeSpec
+
+MULTIPLE_MATCH_EXAMPLES = 5
+SECOND_SCAN_COL = "_source_row_in_second_scan_"
+
+
+@dataclass
+class MergeContext:
+    """What both executors need: the session, the spec resolved against the snapshot, and the source."""
+
+    spark: SparkSession
+    spec: MergeSpec
+    snapshot: Any  # engine.delta.Snapshot
+    resolved: ResolvedMerge
+    source: DataFrame
+    candidate_files: Sequence[Any]
+    """Live files left after data skipping."""
+    write_id: str
+    metrics: dict[str, int]
+    key_exprs: Sequence[str] = ()
+    """Source-side expressions of the ON equalities, to name colliding keys in the multiple-match error."""
+    touched_files: list[Any] = field(default_factory=list)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [f.name for f in self.resolved.output_fields]
+
+    def target_df(self, files: Sequence[Any]) -> DataFrame:
+        return delta.scan_files(self.spark, self.snapshot, files)
+
+
+def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
+    return ctx.source.observe(obs, F.count(F.lit(1)).alias("numSourceRows"))
+
+
+def _is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
+    only = spec.matched[0] if len(spec.matched) == 1 else None
+    return only is not None and isinstance(only.action, DeleteAction) and only.condition is None
+
+
+class ClassicMergeExecutor:
+    def __init__(self, ctx: MergeContext) -> None:
+        self.ctx = ctx
+
+    def find_touched_files(self) -> list[Any]:
+        """Files with a match that some clause may act on; fails on ambiguous multiple matches."""
+        ctx = self.ctx
+        spec = ctx.spec
+        start = time.monotonic()
+        if not ctx.candidate_files:
+            ctx.metrics["numSourceRows"] = ctx.source.count()
+            ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+            return []
+        obs = Observation("numSourceRows")
+        source = _source_with_count(ctx, obs).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        target = ctx.target_df(ctx.candidate_files)
+        joined = source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, "inner")
+        if spec.is_matched_only:
+            conditions = [c.condition for c in ctx.resolved.matched]
+            matched_predicate: Column = F.lit(True)
+            if all(c is not None for c in conditions):
+                matched_predicate = conditions[0]  # type: ignore[assignment]
+                for c in conditions[1:]:
+                    matched_predicate = matched_predicate | c  # type: ignore[operator]
+            touch = F.when(matched_predicate, 1).otherwise(0)
+        else:
+            touch = F.lit(1)
+        per_row = joined.groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL).agg(
+            F.count(F.lit(1)).alias("matches"), F.max(touch).alias("touch")
+        )
+        per_file = per_row.groupBy(delta.FILE_NAME_COL).agg(
+            F.max("touch").alias("touched"),
+            F.sum(F.when(F.col("matches") > 1, 1).otherwise(0)).alias("multiple_match_rows"),
+            F.sum(F.when(F.col("matches") > 1, F.col("matches")).otherwise(0)).alias("multiple_match_sum"),
+        )
+        rows = per_file.collect()
+        ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
+        multiple_match_count = sum(int(r["multiple_match_rows"] or 0) for r in rows)
+        multiple_match_sum = sum(int(r["multiple_match_sum"] or 0) for r in rows)
+        if multiple_match_count > 0:
+            if not _is_only_one_unconditional_delete(spec):
+                raise MultipleMatchError(self._multiple_match_message(joined))
+            # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
+            ctx.metrics["_multipleMatchDeleteOnlyOvercount"] = multiple_match_sum - multiple_match_count
+        if spec.not_matched_by_source:
+            touched_names = {f.path for f in ctx.candidate_files}
+        else:
+            touched_names = {r[delta.FILE_NAME_COL] for r in rows if r["touched"]}
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched_names]
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        return ctx.touched_files
+
+    def _multiple_match_message(self, joined: DataFrame) -> str:
+        ctx = self.ctx
+        base = (
+            "Cannot perform Merge as multiple source rows matched and attempted to modify the same target row "
+            "in the Delta table in possibly conflicting ways. By SQL semantics of Merge, when multiple source "
+            "rows match on the same target row, the result may be ambiguous as it is unclear which source row "
+            "should be used to update or delete the matching target row. You can preprocess the source table "
+            "to eliminate the possibility of multiple matches."
+        )
+        exprs = list(ctx.key_exprs)
+        if not exprs:
+            return base
+        key = F.struct(*[F.expr(e).alias(e) for e in exprs])
+        examples = (
+            joined.groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL)
+            .agg(F.count(F.lit(1)).alias("n"), F.first(key).alias("key"))
+            .where(F.col("n") > 1)
+            .select("key", "n")
+            .limit(MULTIPLE_MATCH_EXAMPLES)
+            .collect()
+        )
+        described = []
+        for row in examples:
+            values = ", ".join(f"{name}={row['key'][i]!r}" for i, name in enumerate(exprs))
+            described.append(f"({values}) matched {row['n']} source rows")
+        return base + " Duplicate source keys: " + "; ".join(described) + "."
+
+    def write_all_changes(self) -> tuple[list[Any], DataFrame | None]:
+        """Rewrite the touched files joined with the source; answers the added files."""
+        ctx = self.ctx
+        spec = ctx.spec
+        start = time.monotonic()
+        target = ctx.target_df(ctx.touched_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        join_type = "right_outer" if spec.is_matched_only else "full_outer"
+        joined = source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, join_type)
+        clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
+        joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
+        existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
+        tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing)
+        output_cols = generate_write_all_changes_output_cols(
+            tcols, ctx.output_names, ctx.resolved.matched, ctx.resolved.not_matched,
+            ctx.resolved.not_matched_by_source, lookups,
+        )
+        projected = joined.select(*output_cols, F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL))
+        obs = Observation("writeAllChanges")
+        codes = [MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE,
+                 INSERT, COPY]
+        observed = projected.observe(
+            obs, *action_counts(codes),
+            F.sum(F.when(F.col(SECOND_SCAN_COL), 1).otherwise(0)).alias("numSourceRowsInSecondScan"),
+        )
+        output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
+        added = write_output(ctx, output)
+        counts = {k: int(v or 0) for k, v in obs.get.items()}
+        m = ctx.metrics
+        m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
+        m["numTargetRowsNotMatchedBySourceUpdated"] = counts.get(NOT_MATCHED_BY_SOURCE_UPDATE, 0)
+        overcount = m.pop("_multipleMatchDeleteOnlyOvercount", 0)
+        m["numTargetRowsMatchedDeleted"] = counts.get(MATCHED_DELETE, 0) - overcount
+        m["numTargetRowsNotMatchedBySourceDeleted"] = counts.get(NOT_MATCHED_BY_SOURCE_DELETE, 0)
+        m["numTargetRowsInserted"] = counts.get(INSERT, 0)
+        m["numTargetRowsCopied"] = counts.get(COPY, 0)
+        m["numSourceRowsInSecondScan"] = counts.get("numSourceRowsInSecondScan", 0)
+        m["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added, None
+
+
+class InsertOnlyMergeExecutor:
+    def __init__(self, ctx: MergeContext) -> None:
+        self.ctx = ctx
+
+    def write_only_inserts(self, *, filter_matched_rows: bool = True,
+                           source_rows_metric: str = "numSourceRows") -> list[Any]:
+        """``filter_matched_rows`` is off when findTouchedFiles already showed that no source row matches."""
+        ctx = self.ctx
+        spec = ctx.spec
+        start = time.monotonic()
+        obs_source = Observation(source_rows_metric)
+        source = ctx.source.observe(obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
+        if ctx.candidate_files and filter_matched_rows:
+            target = ctx.target_df(ctx.candidate_files).alias(spec.target_alias)
+            new_rows = source.join(target, ctx.resolved.on, "left_anti")
+        else:
+            new_rows = source
+        new_rows, lookups = generate_precomputed_conditions_and_df(new_rows, ctx.resolved.not_matched)
+        output_cols = generate_inserts_only_output_cols(
+            ctx.output_names, ctx.resolved.output_fields, ctx.resolved.not_matched, lookups
+        )
+        obs = Observation("writeOnlyInserts")
+        projected = new_rows.select(*output_cols).observe(obs, *action_counts([INSERT, DROP_SOURCE]))
+        output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
+        added = write_output(ctx, output)
+        counts = {k: int(v or 0) for k, v in obs.get.items()}
+        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
+        ctx.metrics["numTargetRowsInserted"] = counts.get(INSERT, 0)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added
+
+
+def write_output(ctx: MergeContext, output: DataFrame) -> list[Any]:
+    """Delta's writeFiles: repartition by the partition columns first (repartitionBeforeWrite)."""
+    partition_columns = list(ctx.snapshot.partition_columns)
+    if partition_columns:
+        output = output.repartition(*[F.col(c) for c in partition_columns])
+    schema = None
+    if ctx.resolved.schema_changed:
+        from pyspark.sql.types import StructType
+
+        schema = StructType(ctx.resolved.output_fields)
+    return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=schema)

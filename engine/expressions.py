@@ -1,0 +1,225 @@
+"""Spark SQL expressions of a merge, read with sqlglot: parsing, safety rules, and the analysis of the ON
+condition that data skipping needs (Delta's ``getTargetOnlyPredicates``, plus join keys for source ranges).
+
+Spark itself resolves names and types when the merge runs; this module only judges what can be judged
+without a table: syntax, forbidden constructs, and which side of the merge a reference names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from engine.errors import MergeSpecError
+from engine.spec import InsertAction, MergeClause, MergeSpec, UpdateAction
+
+DIALECT = "spark"
+
+FORBIDDEN_FUNCTIONS = frozenset(
+    {"reflect", "java_method", "try_reflect", "input_file_name", "input_file_block_start",
+     "input_file_block_length", "spark_partition_id", "current_user", "session_user", "user"}
+)
+"""Functions that reach outside the data (JVM reflection) or depend on how Spark happens to run the merge."""
+
+NONDETERMINISTIC_FUNCTIONS = frozenset(
+    {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str", "randstr",
+     "uniform", "try_aes_decrypt"}
+)
+
+
+def parse_expression(text: str, where: str) -> exp.Expression:
+    """One Spark SQL expression; ``where`` names its place in the spec for the error message."""
+    if not isinstance(text, str) or not text.strip():
+        raise MergeSpecError(f"{where}: the expression is empty.")
+    try:
+        parsed = sqlglot.parse(text, read=DIALECT)
+    except ParseError as exc:
+        first = exc.errors[0]["description"] if exc.errors else str(exc)
+        raise MergeSpecError(f"{where}: cannot parse {text!r} as a Spark SQL expression: {first}") from None
+    if len(parsed) != 1 or parsed[0] is None:
+        raise MergeSpecError(f"{where}: expected one expression, got {text!r}.")
+    node = parsed[0]
+    if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(
+        node, exp.Expression
+    ):
+        raise MergeSpecError(f"{where}: {text!r} is not an expression.")
+    return node
+
+
+def function_name(node: exp.Expression) -> str:
+    if isinstance(node, exp.Anonymous):
+        return str(node.name).lower()
+    if isinstance(node, exp.Func):
+        return node.sql_name().lower()
+    return ""
+
+
+def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -> None:
+    """Delta's rules for merge expressions: no subqueries, aggregates or window functions; conditions must
+    be deterministic. Also refuses functions that reach outside the data."""
+    for sub in node.walk():
+        if isinstance(sub, (exp.Subquery, exp.Query, exp.Exists)):
+            raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.")
+        if isinstance(sub, exp.Window):
+            raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.")
+        if isinstance(sub, exp.AggFunc):
+            raise MergeSpecError(
+                f"{where}: aggregate functions are not supported in a MERGE expression "
+                f"({sub.sql(dialect=DIALECT)})."
+            )
+        name = function_name(sub)
+        if name in FORBIDDEN_FUNCTIONS:
+            raise MergeSpecError(f"{where}: the function {name}() is not allowed in a merge.")
+        if deterministic and (name in NONDETERMINISTIC_FUNCTIONS or isinstance(sub, (exp.Rand, exp.Randn))):
+            raise MergeSpecError(
+                f"{where}: non-deterministic functions are not supported in a MERGE condition ({name}())."
+            )
+
+
+def clause_where(clause: MergeClause, index: int) -> str:
+    group = {"matched": "when_matched", "notMatched": "when_not_matched",
+             "notMatchedBySource": "when_not_matched_by_source"}[clause.clause_type]
+    return f"{group}[{index}]"
+
+
+def validate_spec(spec: MergeSpec) -> MergeSpec:
+    """Everything that can be judged before the tables are read; raises MergeSpecError naming the field."""
+    spec.validate()
+    check_expression(parse_expression(spec.on, "on"), "on", deterministic=True)
+    for group in (spec.matched, spec.not_matched, spec.not_matched_by_source):
+        for index, clause in enumerate(group):
+            where = clause_where(clause, index)
+            if clause.condition is not None:
+                cond_where = f"{where}.condition"
+                check_expression(parse_expression(clause.condition, cond_where), cond_where, deterministic=True)
+            action = clause.action
+            if isinstance(action, (UpdateAction, InsertAction)) and not action.star:
+                assignments = action.set if isinstance(action, UpdateAction) else action.values
+                field = "set" if isinstance(action, UpdateAction) else "values"
+                if not assignments:
+                    raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
+                seen: dict[str, str] = {}
+                for column, value in assignments.items():
+                    key = column_key(column, spec.target_alias)
+                    if key in seen:
+                        kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
+                        raise MergeSpecError(
+                            f"{where}.{field}: there is a conflict from these SET columns: "
+                            f"{seen[key]!r} and {column!r}; a column may be assigned only once in one {kind}."
+                        )
+                    seen[key] = column
+                    value_where = f"{where}.{field}.{column}"
+                    check_expression(parse_expression(value, value_where), value_where, deterministic=False)
+    return spec
+
+
+def column_key(column: str, target_alias: str) -> str:
+    """The target column an assignment names: ``t.amount``, ```amount```, ``AMOUNT`` all name ``amount``."""
+    node = parse_expression(column, f"column {column!r}")
+    if not isinstance(node, exp.Column) or (node.table and node.table.lower() != target_alias.lower()):
+        if isinstance(node, exp.Dot) or (isinstance(node, exp.Column) and node.db):
+            raise MergeSpecError(f"Assigning nested fields is not supported: {column!r}.")
+        if not isinstance(node, exp.Column):
+            raise MergeSpecError(f"{column!r} is not a column of the target.")
+        raise MergeSpecError(f"{column!r} does not name a column of the target {target_alias!r}.")
+    return str(node.name).lower()
+
+
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    node = node.unnest() if isinstance(node, exp.Paren) else node
+    if isinstance(node, exp.And):
+        return conjuncts(node.left) + conjuncts(node.right)
+    return [node]
+
+
+@dataclass(frozen=True)
+class Sides:
+    """How a merge names its two tables, to tell which side a column reference belongs to."""
+
+    target_alias: str
+    source_alias: str
+    target_columns: frozenset[str]
+    source_columns: frozenset[str]
+
+    def side(self, column: exp.Column) -> str | None:
+        """``target``, ``source``, or None when the reference cannot be placed (Spark reports it later)."""
+        table = column.table.lower() if column.table else ""
+        name = str(column.name).lower()
+        if table:
+            if table == self.target_alias.lower():
+                return "target"
+            if table == self.source_alias.lower():
+                return "source"
+            return None
+        in_target = name in self.target_columns
+        in_source = name in self.source_columns
+        if in_target and not in_source:
+            return "target"
+        if in_source and not in_target:
+            return "source"
+        return None
+
+    def sides_of(self, node: exp.Expression) -> set[str | None]:
+        return {self.side(c) for c in node.find_all(exp.Column)}
+
+
+def strip_qualifiers(node: exp.Expression) -> exp.Expression:
+    """The expression over bare column names, as data skipping on the target reads it."""
+
+    def unqualify(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.table:
+            return exp.column(n.name, quoted=True)
+        return n
+
+    return node.copy().transform(unqualify)
+
+
+def target_only_predicates(on: str, sides: Sides) -> list[exp.Expression]:
+    """Conjuncts of ON that reference only the target (Delta's getTargetOnlyPredicates), unqualified."""
+    result = []
+    for conjunct in conjuncts(parse_expression(on, "on")):
+        found = sides.sides_of(conjunct)
+        if found == {"target"} and not any(function_name(n) in NONDETERMINISTIC_FUNCTIONS for n in conjunct.walk()):
+            result.append(strip_qualifiers(conjunct))
+    return result
+
+
+def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expression]]:
+    """``target_col = <source-only expression>`` conjuncts of ON: the target column and the source side.
+    Ranges and values of the source side bound the target files that can match."""
+    keys: list[tuple[str, exp.Expression]] = []
+    for conjunct in conjuncts(parse_expression(on, "on")):
+        if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+            continue
+        for left, right in ((conjunct.left, conjunct.right), (conjunct.right, conjunct.left)):
+            if (
+                isinstance(left, exp.Column)
+                and sides.side(left) == "target"
+                and sides.sides_of(right) == {"source"}
+            ):
+                keys.append((str(left.name), right))
+                break
+    return keys
+
+
+def sql(node: exp.Expression) -> str:
+    return node.sql(dialect=DIALECT)
+
+
+def and_all(nodes: Iterable[exp.Expression]) -> exp.Expression | None:
+    nodes = list(nodes)
+    if not nodes:
+        return None
+    return exp.and_(*nodes) if len(nodes) > 1 else nodes[0]
+
+
+def quote_identifier(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def referenced_columns(text: str, where: str) -> Sequence[exp.Column]:
+    return list(parse_expression(text, where).find_all(exp.Column))

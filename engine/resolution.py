@@ -1,0 +1,320 @@
+"""Resolving the clauses against the two tables (Delta's ResolveDeltaMergeInto and PreprocessTableMerge).
+
+Scopes: ON and MATCHED clauses see both tables, NOT MATCHED clauses the source only, NOT MATCHED BY SOURCE
+clauses the target only. Bare column names in a one-sided clause are qualified with that side's alias, so
+Spark resolves them where Delta would. Every expression is analyzed by Spark (one round trip per scope) to
+learn its type; assigned values are cast to the target column's type under ANSI store assignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DateType,
+    MapType,
+    NullType,
+    NumericType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+from sqlglot import exp
+
+from engine.errors import MergeResolutionError, SchemaMismatchError
+from engine.expressions import clause_where, column_key, parse_expression, quote_identifier, sql
+from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
+
+SCOPES = {"matched": {"target", "source"}, "notMatched": {"source"}, "notMatchedBySource": {"target"}}
+
+
+def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
+    """Spark's ``Cast.canANSIStoreAssign``: which values may be stored into a column of another type."""
+    if source == target or isinstance(source, NullType):
+        return True
+    if isinstance(source, NumericType) and isinstance(target, NumericType):
+        return True
+    if isinstance(target, StringType) and not isinstance(source, (ArrayType, MapType, StructType)):
+        return True
+    if isinstance(source, (DateType, TimestampType, TimestampNTZType)) and isinstance(
+        target, (DateType, TimestampType, TimestampNTZType)
+    ):
+        return True
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return can_ansi_store_assign(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return can_ansi_store_assign(source.keyType, target.keyType) and can_ansi_store_assign(
+            source.valueType, target.valueType
+        )
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        return len(source.fields) == len(target.fields) and all(
+            can_ansi_store_assign(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
+        )
+    return False
+
+
+@dataclass
+class ResolvedClause:
+    """A clause ready for output generation: its condition and one value per target output column."""
+
+    clause: MergeClause
+    index: int
+    condition: Column | None
+    condition_sql: str | None
+    values: list[Column] | None = None
+    """One per output column for updates and inserts; None for deletes."""
+
+    @property
+    def kind(self) -> str:
+        """Delta's clause kinds; also the prefix of the precomputed condition column."""
+        name = self.clause.action_name.removesuffix("All")
+        return name if self.clause.clause_type != "notMatchedBySource" else f"{name}NotMatchedBySource"
+
+    @property
+    def is_delete(self) -> bool:
+        return isinstance(self.clause.action, DeleteAction)
+
+
+@dataclass
+class ResolvedMerge:
+    on: Column
+    on_sql: str
+    output_fields: list[StructField]
+    """The table schema after the merge: the target's columns, then new columns from schema evolution."""
+    new_columns: list[str]
+    matched: list[ResolvedClause] = field(default_factory=list)
+    not_matched: list[ResolvedClause] = field(default_factory=list)
+    not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
+
+    @property
+    def schema_changed(self) -> bool:
+        return bool(self.new_columns)
+
+
+def _qualify(node: exp.Expression, alias: str, other_alias: str, where: str, clause_name: str,
+             side: str) -> exp.Expression:
+    """Bare columns belong to ``alias``; a reference to ``other_alias`` is out of scope."""
+    lambda_vars: set[str] = set()
+    for lam in node.find_all(exp.Lambda):
+        lambda_vars.update(str(e.name).lower() for e in lam.expressions)
+
+    def visit(n: exp.Expression) -> exp.Expression:
+        if not isinstance(n, exp.Column):
+            return n
+        if n.table and str(n.table).lower() == other_alias.lower() and not n.args.get("db"):
+            raise MergeResolutionError(
+                f"{where}: {n.sql(dialect='spark')} cannot be resolved: {clause_name} clauses can only refer to "
+                f"the {side} ({alias})."
+            )
+        if not n.table and str(n.name).lower() not in lambda_vars:
+            return exp.column(n.this.copy(), table=exp.to_identifier(alias, quoted=True))
+        return n
+
+    return node.copy().transform(visit)
+
+
+class Resolver:
+    """Resolves one merge against the source DataFrame and an (empty) target DataFrame of the table schema."""
+
+    def __init__(self, spec: MergeSpec, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+        self.spec = spec
+        self.s = spec.source_alias
+        self.t = spec.target_alias
+        self.source = source.alias(self.s)
+        self.target = target.alias(self.t)
+        self.target_schema = target_schema
+        self.source_schema = source.schema
+
+    # --- expressions, scoped --------------------------------------------------------------------------------
+
+    def _scoped_sql(self, text: str, clause_type: str, where: str) -> str:
+        node = parse_expression(text, where)
+        if clause_type == "notMatched":
+            node = _qualify(node, self.s, self.t, where, "WHEN NOT MATCHED", "source")
+        elif clause_type == "notMatchedBySource":
+            node = _qualify(node, self.t, self.s, where, "WHEN NOT MATCHED BY SOURCE", "target")
+        return sql(node)
+
+    def _frame(self, clause_type: str) -> DataFrame:
+        if clause_type == "notMatched":
+            return self.source
+        if clause_type == "notMatchedBySource":
+            return self.target
+        return self.source.crossJoin(self.target)
+
+    def _analyze(self, clause_type: str, items: Sequence[tuple[str, str]]) -> list[DataType]:
+        """Spark's types for ``(where, sql)`` items in one scope; on failure, name the item at fault."""
+        if not items:
+            return []
+        frame = self._frame(clause_type)
+        try:
+            schema = frame.select(*[F.expr(text).alias(f"_e{i}") for i, (_, text) in enumerate(items)]).schema
+            return [f.dataType for f in schema.fields]
+        except PySparkException:
+            for where, text in items:
+                try:
+                    frame.select(F.expr(text)).schema  # noqa: B018
+                except PySparkException as exc:
+                    raise MergeResolutionError(f"{where}: cannot resolve {text!r}: {_spark_message(exc)}") from None
+            raise
+
+    # --- star expansion and schema evolution -----------------------------------------------------------------
+
+    def _source_field(self, name: str) -> StructField | None:
+        for f in self.source_schema.fields:
+            if f.name.lower() == name.lower():
+                return f
+        return None
+
+    def output_fields(self) -> tuple[list[StructField], list[str]]:
+        fields = list(self.target_schema.fields)
+        if not self.spec.schema_evolution:
+            return fields, []
+        stars = [c for c in self.spec.clauses if isinstance(c.action, (UpdateAction, InsertAction)) and c.action.star]
+        if not stars:
+            return fields, []
+        known = {f.name.lower(): f for f in fields}
+        new: list[str] = []
+        for f in self.source_schema.fields:
+            existing = known.get(f.name.lower())
+            if existing is None:
+                fields.append(StructField(f.name, f.dataType, True))
+                new.append(f.name)
+            elif existing.dataType != f.dataType and not can_ansi_store_assign(f.dataType, existing.dataType):
+                raise SchemaMismatchError(
+                    f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
+                    f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
+                )
+        return fields, new
+
+    # --- the whole merge ---------------------------------------------------------------------------------------
+
+    def resolve(self) -> ResolvedMerge:
+        spec = self.spec
+        out_fields, new_columns = self.output_fields()
+        on_types = self._analyze("matched", [("on", spec.on)])
+        if not isinstance(on_types[0], (BooleanType, NullType)):
+            raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
+        resolved = ResolvedMerge(on=F.expr(spec.on), on_sql=spec.on, output_fields=out_fields,
+                                 new_columns=new_columns)
+        for group, target_list in ((spec.matched, resolved.matched), (spec.not_matched, resolved.not_matched),
+                                   (spec.not_matched_by_source, resolved.not_matched_by_source)):
+            for index, clause in enumerate(group):
+                target_list.append(self._resolve_clause(clause, index, out_fields, new_columns))
+        return resolved
+
+    def _resolve_clause(self, clause: MergeClause, index: int, out_fields: list[StructField],
+                        new_columns: list[str]) -> ResolvedClause:
+        where = clause_where(clause, index)
+        ctype = clause.clause_type
+        items: list[tuple[str, str]] = []
+        cond_sql = None
+        if clause.condition is not None:
+            cond_sql = self._scoped_sql(clause.condition, ctype, f"{where}.condition")
+            items.append((f"{where}.condition", cond_sql))
+        # One value per output column: (sql text, whether it is an assignment to cast and check).
+        values: list[tuple[str, bool]] | None = None
+        action = clause.action
+        new_lower = {n.lower() for n in new_columns}
+        if isinstance(action, UpdateAction):
+            assigned = self._assignments(action, where, out_fields) if not action.star else {}
+            values = []
+            for f in out_fields:
+                key = f.name.lower()
+                keep = f"{quote_identifier(self.t)}.{quote_identifier(f.name)}"
+                if action.star:
+                    src = self._source_field(f.name)
+                    if src is not None:
+                        values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
+                    elif self.spec.schema_evolution:
+                        values.append((keep if key not in new_lower else "NULL", key in new_lower))
+                    else:
+                        raise MergeResolutionError(
+                            f"{where}: UPDATE SET * needs every target column in the source; cannot resolve "
+                            f"{self.t}.{f.name} in UPDATE clause given columns "
+                            f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
+                        )
+                elif key in assigned:
+                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.set.{f.name}"), True))
+                else:
+                    values.append((keep if key not in new_lower else "NULL", key in new_lower))
+        elif isinstance(action, InsertAction):
+            assigned = self._assignments(action, where, out_fields) if not action.star else {}
+            values = []
+            for f in out_fields:
+                key = f.name.lower()
+                if action.star:
+                    src = self._source_field(f.name)
+                    if src is not None:
+                        values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
+                    elif self.spec.schema_evolution:
+                        values.append(("NULL", True))
+                    else:
+                        raise MergeResolutionError(
+                            f"{where}: INSERT * needs every target column in the source; cannot resolve "
+                            f"{self.t}.{f.name} in INSERT clause given columns "
+                            f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
+                        )
+                elif key in assigned:
+                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.values.{f.name}"), True))
+                else:
+                    values.append(("NULL", True))
+        value_offset = len(items)
+        if values is not None:
+            items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
+        types = self._analyze(ctype, items)
+        condition = None
+        if cond_sql is not None:
+            if not isinstance(types[0], (BooleanType, NullType)):
+                raise MergeResolutionError(
+                    f"{where}.condition: must be boolean, not {types[0].simpleString()} ({clause.condition!r})."
+                )
+            condition = F.expr(cond_sql)
+        columns: list[Column] | None = None
+        if values is not None:
+            columns = []
+            for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
+                column = F.expr(text)
+                if vtype != f.dataType:
+                    if check and not can_ansi_store_assign(vtype, f.dataType):
+                        raise MergeResolutionError(
+                            f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to column {f.name} "
+                            f"({f.dataType.simpleString()}) under ANSI store assignment."
+                        )
+                    column = column.cast(f.dataType)
+                columns.append(column)
+        return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql,
+                              values=columns)
+
+    def _assignments(self, action: UpdateAction | InsertAction, where: str,
+                     out_fields: list[StructField]) -> dict[str, str]:
+        names = {f.name.lower() for f in out_fields}
+        items = action.set if isinstance(action, UpdateAction) else action.values
+        field_name = "set" if isinstance(action, UpdateAction) else "values"
+        result: dict[str, str] = {}
+        for column, value in items.items():
+            key = column_key(column, self.t)
+            if key not in names:
+                raise MergeResolutionError(
+                    f"{where}.{field_name}: {column!r} is not a column of the target table "
+                    f"(columns: {', '.join(f.name for f in out_fields)})."
+                )
+            if key in result:
+                raise MergeResolutionError(f"{where}.{field_name}: the column {column!r} is assigned twice.")
+            result[key] = value
+        return result
+
+
+def _spark_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:500]

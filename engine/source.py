@@ -1,0 +1,284 @@
+"""The merge's source as a Spark DataFrame, and inline rows converted to typed Arrow data.
+
+Inline rows are converted here, not in Spark, so the service can refuse a bad value at submission (naming the
+row and column) with the same code that later builds the DataFrame.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import sqlglot
+from pyspark.sql import DataFrame, SparkSession
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from engine import delta
+from engine.errors import SourceError, SourceRowError
+from engine.spec import QuerySource, RowsSource, Source, TableSource
+
+_SIMPLE_TYPES: Mapping[exp.DataType.Type, pa.DataType] = {
+    exp.DataType.Type.BIGINT: pa.int64(),
+    exp.DataType.Type.INT: pa.int32(),
+    exp.DataType.Type.SMALLINT: pa.int16(),
+    exp.DataType.Type.TINYINT: pa.int8(),
+    exp.DataType.Type.DOUBLE: pa.float64(),
+    exp.DataType.Type.FLOAT: pa.float32(),
+    exp.DataType.Type.BOOLEAN: pa.bool_(),
+    exp.DataType.Type.TEXT: pa.string(),
+    exp.DataType.Type.VARCHAR: pa.string(),
+    exp.DataType.Type.CHAR: pa.string(),
+    exp.DataType.Type.DATE: pa.date32(),
+    exp.DataType.Type.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+    exp.DataType.Type.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+    exp.DataType.Type.TIMESTAMPLTZ: pa.timestamp("us", tz="UTC"),
+    exp.DataType.Type.TIMESTAMPNTZ: pa.timestamp("us"),
+    exp.DataType.Type.DATETIME: pa.timestamp("us"),
+    exp.DataType.Type.BINARY: pa.binary(),
+    exp.DataType.Type.VARBINARY: pa.binary(),
+}
+
+
+def _arrow_type(node: exp.DataType, column: str) -> pa.DataType:
+    kind = node.this
+    if kind in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[kind]
+    if kind == exp.DataType.Type.DECIMAL:
+        params = [int(p.name) for p in node.expressions]
+        precision, scale = [*params, 10, 0][:2] if params else (10, 0)
+        if len(params) == 1:
+            scale = 0
+        return pa.decimal128(precision, scale)
+    if kind == exp.DataType.Type.ARRAY and node.expressions:
+        return pa.list_(_arrow_type(node.expressions[0], column))
+    if kind == exp.DataType.Type.MAP and len(node.expressions) == 2:
+        return pa.map_(_arrow_type(node.expressions[0], column), _arrow_type(node.expressions[1], column))
+    if kind == exp.DataType.Type.STRUCT:
+        fields = []
+        for field in node.expressions:
+            ftype = field.args.get("kind")
+            if not isinstance(field, exp.ColumnDef) or ftype is None:
+                raise SourceError(f"schema: cannot read the struct field {field.sql()!r} of {column!r}.")
+            fields.append(pa.field(field.name, _arrow_type(ftype, f"{column}.{field.name}")))
+        return pa.struct(fields)
+    raise SourceError(f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.")
+
+
+def parse_schema(ddl: str) -> pa.Schema:
+    """A Spark DDL column list (``id BIGINT, name STRING``) as an Arrow schema."""
+    try:
+        create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
+    except ParseError as exc:
+        detail = exc.errors[0]["description"] if exc.errors else str(exc)
+        raise SourceError(f"schema: cannot parse {ddl!r} as a Spark DDL column list: {detail}") from None
+    schema = create.this if isinstance(create, exp.Create) else None
+    if not isinstance(schema, exp.Schema) or not schema.expressions:
+        raise SourceError(f"schema: {ddl!r} is not a column list such as 'id BIGINT, name STRING'.")
+    fields = []
+    for column in schema.expressions:
+        kind = column.args.get("kind") if isinstance(column, exp.ColumnDef) else None
+        if kind is None:
+            raise SourceError(f"schema: {column.sql()!r} needs a name and a type.")
+        fields.append(pa.field(column.name, _arrow_type(kind, column.name)))
+    names = [f.name.lower() for f in fields]
+    if len(set(names)) != len(names):
+        raise SourceError("schema: a column name appears twice.")
+    return pa.schema(fields)
+
+
+def _parse_timestamp(value: Any, with_zone: bool) -> dt.datetime:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return dt.datetime.fromtimestamp(value, tz=dt.UTC)
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO-8601 timestamp string")
+    parsed = dt.datetime.fromisoformat(value.strip().replace(" ", "T", 1) if "T" not in value else value.strip())
+    if with_zone:
+        return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def _integer(value: Any, bits: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value} is not an integer")
+        value = int(value)
+    number = int(value) if isinstance(value, (int, str)) else None
+    if number is None:
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
+        raise ValueError(f"{number} does not fit in a {bits}-bit integer")
+    return number
+
+
+def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
+    if pa.types.is_integer(dtype):
+        return lambda v: _integer(v, dtype.bit_width)
+    if pa.types.is_floating(dtype):
+        def to_float(v: Any) -> float:
+            if isinstance(v, bool):
+                raise ValueError("expected a number, got a boolean")
+            return float(v)
+        return to_float
+    if pa.types.is_decimal(dtype):
+        def to_decimal(v: Any) -> decimal.Decimal:
+            if isinstance(v, bool):
+                raise ValueError("expected a decimal, got a boolean")
+            number = decimal.Decimal(str(v))
+            quantum = decimal.Decimal(1).scaleb(-dtype.scale)
+            rounded = number.quantize(quantum, rounding=decimal.ROUND_HALF_UP)
+            if len(rounded.as_tuple().digits) - max(0, -rounded.as_tuple().exponent) > dtype.precision - dtype.scale:
+                raise ValueError(f"{v} does not fit DECIMAL({dtype.precision},{dtype.scale})")
+            return rounded
+        return to_decimal
+    if pa.types.is_boolean(dtype):
+        def to_bool(v: Any) -> bool:
+            if isinstance(v, bool):
+                return v
+            if isinstance(v, str) and v.lower() in ("true", "false"):
+                return v.lower() == "true"
+            raise ValueError("expected true or false")
+        return to_bool
+    if pa.types.is_string(dtype):
+        def to_str(v: Any) -> str:
+            if isinstance(v, (dict, list)):
+                raise ValueError("expected a string")
+            return v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+        return to_str
+    if pa.types.is_timestamp(dtype):
+        return lambda v: _parse_timestamp(v, dtype.tz is not None)
+    if pa.types.is_date(dtype):
+        return lambda v: dt.date.fromisoformat(v) if isinstance(v, str) else _fail("expected a date string")
+    if pa.types.is_binary(dtype):
+        return lambda v: base64.b64decode(v, validate=True) if isinstance(v, str) else _fail("expected base64")
+    if pa.types.is_list(dtype):
+        inner = _converter(dtype.value_type)
+        return lambda v: [None if x is None else inner(x) for x in v] if isinstance(v, list) else _fail(
+            "expected a JSON array")
+    if pa.types.is_map(dtype):
+        key, item = _converter(dtype.key_type), _converter(dtype.item_type)
+        return lambda v: [(key(k), None if x is None else item(x)) for k, x in v.items()] if isinstance(
+            v, dict) else _fail("expected a JSON object")
+    if pa.types.is_struct(dtype):
+        fields = {dtype.field(i).name: _converter(dtype.field(i).type) for i in range(dtype.num_fields)}
+
+        def to_struct(v: Any) -> dict[str, Any]:
+            if not isinstance(v, dict):
+                raise ValueError("expected a JSON object")
+            unknown = set(v) - set(fields)
+            if unknown:
+                raise ValueError(f"unknown struct fields {sorted(unknown)}")
+            return {k: None if v.get(k) is None else conv(v[k]) for k, conv in fields.items()}
+        return to_struct
+    return lambda v: v
+
+
+def _fail(message: str) -> Any:
+    raise ValueError(message)
+
+
+def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.Table:
+    """Typed Arrow data for inline rows; a value that does not convert raises SourceRowError naming it."""
+    if not rows:
+        if schema is None:
+            raise SourceError("rows: an empty rows source needs a schema.")
+        return parse_schema(schema).empty_table()
+    if schema is None:
+        for index, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise SourceRowError(f"rows[{index}] is not a JSON object.", row=index, column="")
+        try:
+            table = pa.Table.from_pylist([dict(r) for r in rows])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise SourceError(f"rows: cannot infer one type per column ({exc}); give a schema.") from None
+        # A column that is NULL in every row has no type Spark can store; string is Spark's own choice.
+        for i, field in enumerate(table.schema):
+            if pa.types.is_null(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(pa.string()))
+        return table
+    arrow_schema = parse_schema(schema)
+    by_name = {f.name.lower(): f for f in arrow_schema}
+    converters = {f.name: _converter(f.type) for f in arrow_schema}
+    columns: dict[str, list[Any]] = {f.name: [] for f in arrow_schema}
+    for index, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise SourceRowError(f"rows[{index}] is not a JSON object.", row=index, column="")
+        values = {}
+        for key, value in row.items():
+            field = by_name.get(str(key).lower())
+            if field is None:
+                raise SourceRowError(f"rows[{index}].{key}: not a column of the schema.", row=index, column=str(key))
+            values[field.name] = value
+        for name, convert in converters.items():
+            value = values.get(name)
+            if value is None:
+                columns[name].append(None)
+                continue
+            try:
+                columns[name].append(convert(value))
+            except (ValueError, TypeError, ArithmeticError, decimal.InvalidOperation) as exc:
+                raise SourceRowError(
+                    f"rows[{index}].{name}: {value!r} does not convert to {by_name[name.lower()].type}: {exc}",
+                    row=index, column=name,
+                ) from None
+    try:
+        return pa.table(columns, schema=arrow_schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise SourceError(f"rows: {exc}") from None
+
+
+def read_table_source(spark: SparkSession, source: TableSource) -> DataFrame:
+    if source.format == "delta":
+        snapshot = delta.load_snapshot(source.path)
+        delta.check_supported(snapshot)
+        columns = [f.name for f in snapshot.spark_schema.fields]
+        return delta.scan_files(spark, snapshot, snapshot.files).select(*columns)
+    reader = spark.read.format(source.format)
+    if source.format == "csv" and "header" not in source.options:
+        reader = reader.option("header", "true")
+    for key, value in source.options.items():
+        reader = reader.option(key, value)
+    try:
+        df = reader.load(source.path)
+        df.schema  # noqa: B018 - resolve now, so a missing path fails as a source error
+    except Exception as exc:
+        raise SourceError(f"source: cannot read {source.format} at {source.path}: {_first_line(exc)}") from None
+    return df
+
+
+def source_dataframe(spark: SparkSession, source: Source, views: list[str] | None = None) -> DataFrame:
+    """The source as Spark sees it, before any merge column is added. Temporary views it creates for a
+    query source are appended to ``views`` for the caller to drop."""
+    if isinstance(source, TableSource):
+        return read_table_source(spark, source)
+    if isinstance(source, RowsSource):
+        table = rows_to_arrow(source.rows, source.schema)
+        return spark.createDataFrame(table)
+    if isinstance(source, QuerySource):
+        suffix = uuid.uuid4().hex[:12]
+        query = source.query
+        for name, relation in source.relations.items():
+            view = f"{name}_{suffix}"
+            read_table_source(spark, relation).createOrReplaceTempView(view)
+            if views is not None:
+                views.append(view)
+            query = query.replace(name, view)
+        try:
+            df = spark.sql(query)
+            df.schema  # noqa: B018
+        except Exception as exc:
+            raise SourceError(f"source: the source query does not run: {_first_line(exc)}") from None
+        return df
+    raise SourceError(f"source: unsupported source {type(source).__name__}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

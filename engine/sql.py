@@ -1,0 +1,149 @@
+"""MERGE INTO statements in the Delta Lake dialect of Spark SQL, read with sqlglot into a MergeSpec.
+
+Tables are named by path: ``delta.`/lake/t```, ``parquet.`/lake/f``` (and json, csv). The source may also be a
+parenthesised SELECT over such tables; each table it reads becomes a named relation of a QuerySource.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from engine.errors import MergeSpecError
+from engine.expressions import DIALECT, sql
+from engine.spec import (
+    Action,
+    DeleteAction,
+    InsertAction,
+    MergeClause,
+    MergeSpec,
+    QuerySource,
+    Source,
+    TableSource,
+    UpdateAction,
+)
+
+FORMATS = ("delta", "parquet", "json", "csv")
+
+
+def _table_source(table: exp.Table, where: str) -> TableSource:
+    fmt = (table.db or "").lower()
+    if fmt not in FORMATS or not table.name or table.catalog:
+        raise MergeSpecError(
+            f"{where}: name tables by path, as delta.`/path` (or parquet., json., csv.); got {sql(table)!r}."
+        )
+    return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name)
+
+
+def _alias(node: exp.Expression, default: str) -> str:
+    alias = node.args.get("alias")
+    return str(alias.name) if alias is not None and alias.name else default
+
+
+def _source(using: exp.Expression) -> Source:
+    if isinstance(using, exp.Table):
+        return _table_source(using, "USING")
+    if isinstance(using, exp.Subquery) and isinstance(using.this, exp.Query):
+        query = using.this.copy()
+        relations: dict[str, TableSource] = {}
+        for table in list(query.find_all(exp.Table)):
+            source = _table_source(table, "USING (SELECT ...)")
+            name = f"__merge_source_{len(relations)}"
+            relations[name] = source
+            replacement = exp.to_table(name)
+            alias = table.args.get("alias")
+            if alias is not None:
+                replacement.set("alias", alias.copy())
+            else:
+                replacement.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
+            table.replace(replacement)
+        return QuerySource(query=query.sql(dialect=DIALECT), relations=relations)
+    raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
+
+
+def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for pair in pairs:
+        if not isinstance(pair, exp.EQ) or not isinstance(pair.left, exp.Column):
+            raise MergeSpecError(f"{where}: expected column = expression, got {sql(pair)!r}.")
+        column = sql(pair.left)
+        if column in result:
+            raise MergeSpecError(f"{where}: the column {column!r} is assigned twice.")
+        result[column] = sql(pair.right)
+    return result
+
+
+def _action(when: exp.When, where: str) -> Action:
+    then = when.args.get("then")
+    if isinstance(then, exp.Var) and then.name.upper() == "DELETE":
+        return DeleteAction()
+    if isinstance(then, exp.Update):
+        items = then.expressions
+        if len(items) == 1 and isinstance(items[0], exp.Star):
+            return UpdateAction(star=True)
+        return UpdateAction(set=_assignments(items, where))
+    if isinstance(then, exp.Insert):
+        if isinstance(then.this, exp.Star):
+            return InsertAction(star=True)
+        columns = then.this.expressions if isinstance(then.this, exp.Tuple) else []
+        values = then.expression.expressions if isinstance(then.expression, exp.Tuple) else []
+        if not columns or len(columns) != len(values):
+            raise MergeSpecError(f"{where}: INSERT needs a column list and as many VALUES.")
+        names = [sql(c) for c in columns]
+        if len({n.lower() for n in names}) != len(names):
+            raise MergeSpecError(f"{where}: a column appears twice in the INSERT column list.")
+        return InsertAction(values=dict(zip(names, (sql(v) for v in values), strict=True)))
+    raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
+
+
+def parse_merge_sql(text: str) -> MergeSpec:
+    """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong."""
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+    except ParseError as exc:
+        detail = exc.errors[0]["description"] if exc.errors else str(exc)
+        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}") from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
+        raise MergeSpecError("sql: expected exactly one MERGE INTO statement.")
+    merge = statements[0]
+    target = merge.this
+    if not isinstance(target, exp.Table):
+        raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.")
+    target_source = _table_source(target, "MERGE INTO")
+    if target_source.format != "delta":
+        raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.")
+    using = merge.args.get("using")
+    on = merge.args.get("on")
+    if using is None or on is None:
+        raise MergeSpecError("sql: MERGE needs USING and ON.")
+    groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
+    whens = merge.args.get("whens")
+    for when in whens.expressions if whens is not None else []:
+        if when.args.get("matched"):
+            kind = "matched"
+        elif when.args.get("source"):
+            kind = "notMatchedBySource"
+        else:
+            kind = "notMatched"
+        where = f"sql: clause {sum(len(g) for g in groups.values()) + 1}"
+        condition = when.args.get("condition")
+        groups[kind].append(
+            MergeClause(
+                clause_type=cast(Literal["matched", "notMatched", "notMatchedBySource"], kind),
+                action=_action(when, where),
+                condition=sql(condition) if condition is not None else None,
+            )
+        )
+    return MergeSpec(
+        target=target_source.path,
+        source=_source(using),
+        on=sql(on),
+        matched=tuple(groups["matched"]),
+        not_matched=tuple(groups["notMatched"]),
+        not_matched_by_source=tuple(groups["notMatchedBySource"]),
+        target_alias=_alias(target, "target"),
+        source_alias=_alias(using, "source"),
+    )

@@ -1,0 +1,141 @@
+"""Delta's clause rules and the static checks on expressions, judged before any table is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import (
+    DeleteAction,
+    InsertAction,
+    MergeClause,
+    MergeSpec,
+    RowsSource,
+    UpdateAction,
+    parse_merge_sql,
+    validate_spec,
+)
+from engine.errors import MergeSpecError
+from engine.spec import QuerySource, TableSource
+
+SOURCE = RowsSource(rows=[{"id": 1}])
+
+
+def spec(**kwargs: object) -> MergeSpec:
+    base: dict[str, object] = {"target": "/lake/t", "source": SOURCE, "on": "t.id = s.id", "target_alias": "t",
+                               "source_alias": "s"}
+    base.update(kwargs)
+    return MergeSpec(**base)  # type: ignore[arg-type]
+
+
+def matched(action: object, condition: str | None = None) -> MergeClause:
+    return MergeClause("matched", action, condition)  # type: ignore[arg-type]
+
+
+def test_at_least_one_clause() -> None:
+    with pytest.raises(MergeSpecError) as info:
+        validate_spec(spec())
+    assert str(info.value) == "There must be at least one WHEN clause in a MERGE statement."
+
+
+@pytest.mark.parametrize(
+    ("group", "label"),
+    [("matched", "MATCHED"), ("not_matched", "NOT MATCHED"), ("not_matched_by_source", "NOT MATCHED BY SOURCE")],
+)
+def test_only_last_clause_may_omit_condition(group: str, label: str) -> None:
+    ctype = {"matched": "matched", "not_matched": "notMatched", "not_matched_by_source": "notMatchedBySource"}[group]
+    action = InsertAction(star=True) if group == "not_matched" else DeleteAction()
+    clauses = (MergeClause(ctype, action, None), MergeClause(ctype, action, "s.id > 1"))  # type: ignore[arg-type]
+    message = (f"When there are more than one {label} clauses in a MERGE statement, only the last {label} clause "
+               "can omit the condition.")
+    with pytest.raises(MergeSpecError) as info:
+        validate_spec(spec(**{group: clauses}))
+    assert str(info.value) == message
+
+
+def test_wrong_action_for_clause_kind() -> None:
+    with pytest.raises(MergeSpecError, match="insert is not allowed"):
+        validate_spec(spec(matched=(matched(InsertAction(values={"id": "s.id"})),)))
+
+
+def test_duplicate_assignment_is_refused() -> None:
+    clause = matched(UpdateAction(set={"t.amount": "s.a", "AMOUNT": "1"}))
+    with pytest.raises(MergeSpecError, match="assigned only once"):
+        validate_spec(spec(matched=(clause,)))
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "message"),
+    [
+        ("condition", "s.x IN (SELECT 1)", "subqueries"),
+        ("condition", "rand() > 0.5", "non-deterministic"),
+        ("condition", "reflect('java.lang.System', 'exit', '0') = 1", "reflect"),
+        ("value", "java_method('java.lang.Runtime', 'getRuntime')", "java_method"),
+        ("value", "sum(s.amount)", "aggregate"),
+        ("condition", "s.x = = 1", "cannot parse"),
+    ],
+)
+def test_bad_expressions_are_refused_naming_the_field(field: str, text: str, message: str) -> None:
+    if field == "condition":
+        clause = matched(DeleteAction(), text)
+        where = "when_matched[0].condition"
+    else:
+        clause = matched(UpdateAction(set={"amount": text}))
+        where = "when_matched[0].set.amount"
+    with pytest.raises(MergeSpecError) as info:
+        validate_spec(spec(matched=(clause,)))
+    assert where in str(info.value)
+    assert message in str(info.value)
+
+
+def test_same_alias_twice_is_refused() -> None:
+    with pytest.raises(MergeSpecError, match="aliases must differ"):
+        validate_spec(spec(source_alias="T", matched=(matched(DeleteAction()),)))
+
+
+def test_parse_merge_sql_reads_every_clause_kind() -> None:
+    parsed = parse_merge_sql(
+        "MERGE INTO delta.`/lake/orders` AS t USING delta.`/lake/orders_updates` AS s ON t.id = s.id "
+        "WHEN MATCHED AND s.op = 'D' THEN DELETE "
+        "WHEN MATCHED THEN UPDATE SET amount = s.amount, t.updated_at = s.ts "
+        "WHEN NOT MATCHED AND s.op <> 'D' THEN INSERT (id, amount) VALUES (s.id, s.amount) "
+        "WHEN NOT MATCHED THEN INSERT * "
+        "WHEN NOT MATCHED BY SOURCE AND t.ts < '2020-01-01' THEN DELETE "
+        "WHEN NOT MATCHED BY SOURCE THEN UPDATE SET amount = 0"
+    )
+    assert parsed.target == "/lake/orders"
+    assert parsed.source == TableSource(format="delta", path="/lake/orders_updates")
+    assert (parsed.target_alias, parsed.source_alias) == ("t", "s")
+    assert parsed.on == "t.id = s.id"
+    assert [c.action_name for c in parsed.matched] == ["delete", "update"]
+    assert parsed.matched[0].condition == "s.op = 'D'"
+    assert parsed.matched[1].action == UpdateAction(set={"amount": "s.amount", "t.updated_at": "s.ts"})
+    assert [c.action_name for c in parsed.not_matched] == ["insert", "insertAll"]
+    assert parsed.not_matched[0].action == InsertAction(values={"id": "s.id", "amount": "s.amount"})
+    assert [c.action_name for c in parsed.not_matched_by_source] == ["delete", "update"]
+    validate_spec(parsed)
+
+
+def test_parse_merge_sql_with_a_query_source() -> None:
+    parsed = parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` t USING (SELECT id, max(v) AS v FROM parquet.`/lake/f` GROUP BY id) s "
+        "ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED BY TARGET THEN INSERT *"
+    )
+    assert isinstance(parsed.source, QuerySource)
+    assert list(parsed.source.relations.values()) == [TableSource(format="parquet", path="/lake/f")]
+    assert "__merge_source_0" in parsed.source.query
+    assert parsed.matched[0].action == UpdateAction(star=True)
+    assert parsed.not_matched[0].action == InsertAction(star=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT 1",
+        "MERGE INTO orders t USING delta.`/x` s ON t.id = s.id WHEN MATCHED THEN DELETE",
+        "MERGE INTO parquet.`/lake/t` t USING delta.`/x` s ON t.id = s.id WHEN MATCHED THEN DELETE",
+        "MERGE INTO delta.`/lake/t` t USING delta.`/x` s ON",
+    ],
+)
+def test_parse_merge_sql_refuses_other_statements(text: str) -> None:
+    with pytest.raises(MergeSpecError):
+        parse_merge_sql(text)
