@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.spark import SparkProcess, configure_session, start_connect_server
+from engine.spark import SparkProcess, configure_session, start_connect_server, start_standalone_cluster
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +37,20 @@ def lake(tmp_path: Path) -> Path:
     root = tmp_path / "lake"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="session")
+def cluster_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """A real standalone cluster: master, worker and a Connect server whose tasks run in a separate executor
+    JVM, so what passes here runs distributed."""
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    master, worker = start_standalone_cluster(cores=2, memory="3g", log_dir=logs)
+    master_url = f"spark://127.0.0.1:{master.port}"
+    server = start_connect_server(master=master_url, log_dir=logs,
+                                  conf={"spark.executor.memory": "2g", "spark.driver.memory": "1g"})
+    session = SparkSession.builder.remote(f"sc://127.0.0.1:{server.port}").create()
+    configure_session(session)
+    yield session
+    session.stop()
+    for process in (server, worker, master):
+        process.stop()

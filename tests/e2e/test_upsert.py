@@ -1,0 +1,139 @@
+"""The whole path, real at every step: `merge-service serve` as its own process, a separate Spark Connect
+server process, SQLite job table, Delta tables on disk checked with deltalake."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from engine.spark import free_port
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def service(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    home = tmp_path_factory.mktemp("service")
+    lake = home / "lake"
+    lake.mkdir()
+    port = free_port()
+    env = {
+        **os.environ,
+        "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{home / 'jobs.db'}",
+        "MERGE_SERVICE_SPARK_REMOTE": spark_remote,
+        "MERGE_SERVICE_LAKE_ROOTS": str(lake),
+        "MERGE_SERVICE_WORKERS": "1",
+    }
+    subprocess.run([str(BIN / "merge-service"), "migrate"], env=env, check=True, cwd=home, timeout=120)
+    log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen([str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        raise RuntimeError((home / "serve.log").read_text()[-4000:])
+    yield {"base": base, "lake": lake, "home": home}
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def wait_for(base: str, job_id: str, timeout: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{base}/merges/{job_id}", timeout=5).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def test_upsert_end_to_end(service: dict[str, Any]) -> None:
+    base, lake = service["base"], service["lake"]
+    table = lake / "customers"
+    write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ann", "Bob", "Cid"],
+                                          "tier": ["free", "free", "gold"]}))
+    body = {
+        "target": str(table),
+        "source": {"rows": [{"id": 2, "name": "Bea", "tier": "gold"}, {"id": 4, "name": "Dan", "tier": "silver"}],
+                   "schema": "id BIGINT, name STRING, tier STRING"},
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+        "when_matched": [{"action": "update_all"}],
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+    response = httpx.post(f"{base}/merges", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    assert response.headers["location"] == f"/merges/{job_id}"
+    job = wait_for(base, job_id)
+    assert job["status"] == "succeeded", job
+    assert job["table_version"] == 1
+    assert job["result"] == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
+                             "num_inserted_rows": 1}
+    assert job["metrics"]["numSourceRows"] == 2
+    assert job["metrics"]["numTargetRowsInserted"] == 1
+    assert job["metrics"]["numTargetRowsMatchedUpdated"] == 1
+
+    dt = DeltaTable(str(table))
+    assert dt.version() == 1
+    data = dt.to_pyarrow_table().sort_by("id").to_pydict()
+    assert data == {"id": [1, 2, 3, 4], "name": ["Ann", "Bea", "Cid", "Dan"],
+                    "tier": ["free", "gold", "gold", "silver"]}
+    commit = dt.history(1)[0]
+    assert commit["operation"] == "MERGE"
+    metrics = commit["operationMetrics"]
+    assert metrics["numTargetRowsInserted"] == 1
+    assert metrics["numTargetRowsUpdated"] == 1
+    assert metrics["numSourceRows"] == 2
+    assert metrics["numOutputRows"] == job["metrics"]["numOutputRows"]
+
+
+def test_missing_target_fails_with_a_clear_error(service: dict[str, Any]) -> None:
+    base, lake = service["base"], service["lake"]
+    body = {
+        "target": str(lake / "nope"),
+        "source": {"rows": [{"id": 1}], "schema": "id BIGINT"},
+        "on": "target.id = source.id",
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+    response = httpx.post(f"{base}/merges", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    job = wait_for(base, response.json()["id"])
+    assert job["status"] == "failed"
+    assert job["error"]["title"]
+    assert str(lake / "nope") in job["error"]["detail"]
+    assert job["table_version"] is None
+
+
+def test_invalid_body_is_422_problem_naming_the_field(service: dict[str, Any]) -> None:
+    base = service["base"]
+    body = {"target": str(service["lake"] / "customers"), "source": {"rows": [{"id": 1}]},
+            "on": "target.id = source.id", "when_matched": [{"action": "explode"}]}
+    response = httpx.post(f"{base}/merges", json=body, timeout=10)
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["status"] == 422
+    assert "when_matched" in str(problem)

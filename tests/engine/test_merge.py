@@ -1,0 +1,150 @@
+"""Hand-written merges, each checked against deltalake's merge of the same data, and Delta's own rules where
+deltalake differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from engine import run_merge
+from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
+from tests.engine.harness import COUNTS, clause, differential, make_spec, rows, write_table
+
+TARGET = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": pa.array(["a", "b", "c", "d"]),
+                   "n": pa.array([10, 20, 30, None], pa.int64())})
+SOURCE = pa.table({"id": pa.array([2, 3, 5], pa.int64()), "v": pa.array(["B", "C", "E"]),
+                   "n": pa.array([200, None, 500], pa.int64())})
+
+CASES = {
+    "upsert": [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+    "update_only": [clause("matched", "update", v="s.v")],
+    "conditional_update_and_delete": [
+        clause("matched", "delete", "s.n IS NULL"),
+        clause("matched", "update", "t.n < 25", n="t.n + s.n"),
+    ],
+    "delete_only": [clause("matched", "delete")],
+    "insert_only": [clause("notMatched", "insert_all")],
+    "conditional_inserts": [
+        clause("notMatched", "insert", "s.n > 1000", id="s.id", v="'big'"),
+        clause("notMatched", "insert", None, id="s.id", v="concat(s.v, '!')"),
+    ],
+    "not_matched_by_source_delete": [clause("notMatchedBySource", "delete")],
+    "not_matched_by_source_update": [
+        clause("matched", "update", v="s.v"),
+        clause("notMatchedBySource", "update", "t.n > 15", n="0"),
+        clause("notMatchedBySource", "delete"),
+    ],
+    "everything": [
+        clause("matched", "update", "s.id = 2", v="'two'"),
+        clause("matched", "delete"),
+        clause("notMatched", "insert_all"),
+        clause("notMatchedBySource", "update", None, v="'gone'"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
+def test_matches_deltalake(spark: SparkSession, tmp_path: Path, name: str, partitioned: bool) -> None:
+    clauses = CASES[name]
+    target = TARGET.append_column("p", pa.array(["x", "y", "x", "y"])) if partitioned else TARGET
+    source = SOURCE.append_column("p", pa.array(["y", "x", "x"])) if partitioned else SOURCE
+    result, expected, ours, theirs = differential(
+        spark, tmp_path, target, source, "t.id = s.id", clauses, partition_by=["p"] if partitioned else None
+    )
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert result.result["num_affected_rows"] == sum(expected.values())
+    assert rows(ours) == rows(theirs)
+    m = result.metrics
+    assert m["numSourceRows"] == 3
+    assert m["numTargetRowsUpdated"] == expected["num_updated_rows"]
+    assert m["numTargetRowsDeleted"] == expected["num_deleted_rows"]
+    assert m["numTargetRowsInserted"] == expected["num_inserted_rows"]
+    assert m["numOutputRows"] == m["numTargetRowsInserted"] + m["numTargetRowsUpdated"] + m["numTargetRowsCopied"]
+    if sum(expected.values()):
+        assert result.table_version == 1
+        history = DeltaTable(str(ours)).history(1)[0]
+        assert history["operation"] == "MERGE"
+        assert history["operationMetrics"]["numTargetRowsInserted"] == expected["num_inserted_rows"]
+    else:
+        assert result.table_version is None
+        assert DeltaTable(str(ours)).version() == 0
+
+
+def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", CASES["upsert"]))
+    m = result.metrics
+    assert result.result == {"num_affected_rows": 3, "num_updated_rows": 2, "num_deleted_rows": 0,
+                             "num_inserted_rows": 1}
+    assert m["numTargetRowsMatchedUpdated"] == 2
+    assert m["numTargetRowsCopied"] == 2  # ids 1 and 4 share the one touched file
+    assert m["numTargetFilesRemoved"] == 1
+    assert m["numTargetFilesAdded"] >= 1
+    assert m["numTargetBytesAdded"] > 0
+    assert m["numTargetBytesRemoved"] > 0
+    assert m["numSourceRowsInSecondScan"] == 3
+    log = (target / "_delta_log" / f"{1:020d}.json").read_text()
+    assert '"operation":"MERGE"' in log.replace(" ", "")
+
+
+def test_multiple_matches_fail_and_name_the_keys(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    dup = pa.table({"id": pa.array([2, 2, 3], pa.int64()), "v": ["x", "y", "z"], "n": pa.array([1, 2, 3], pa.int64())})
+    source = write_table(tmp_path / "s", dup)
+    before = rows(target)
+    spec = make_spec(target, source, "t.id = s.id", [clause("matched", "update", "s.n > 1", v="s.v")])
+    with pytest.raises(MultipleMatchError) as info:
+        run_merge(spark, spec)
+    assert "multiple source rows matched" in str(info.value)
+    assert "id=2" in str(info.value)
+    assert rows(target) == before
+    assert DeltaTable(str(target)).version() == 0
+
+
+def test_unconditional_delete_with_multiple_matches_deletes_once(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    dup = pa.table({"id": pa.array([2, 2, 3], pa.int64())})
+    source = write_table(tmp_path / "s", dup)
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "delete")]))
+    assert result.result["num_deleted_rows"] == 2
+    assert result.metrics["numTargetRowsMatchedDeleted"] == 2
+    assert [r[0] for r in rows(target, ["id"])] == [1, 4]
+
+
+def test_insert_only_inserts_duplicate_source_rows(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    dup = pa.table({"id": pa.array([7, 7, 1], pa.int64()), "v": ["x", "y", "z"], "n": pa.array([1, 2, 3], pa.int64())})
+    source = write_table(tmp_path / "s", dup)
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("notMatched", "insert_all")]))
+    assert result.result["num_inserted_rows"] == 2
+    assert result.metrics["numTargetFilesRemoved"] == 0
+    assert sorted(r[0] for r in rows(target, ["id"])) == [1, 2, 3, 4, 7, 7]
+
+
+def test_unknown_column_fails_and_leaves_table(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    spec = make_spec(target, source, "t.id = s.id", [clause("matched", "update", v="s.nope")])
+    with pytest.raises(MergeResolutionError, match="when_matched\\[0\\]"):
+        run_merge(spark, spec)
+    assert DeltaTable(str(target)).version() == 0
+
+
+def test_insert_clause_cannot_see_the_target(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    spec = make_spec(target, source, "t.id = s.id", [clause("notMatched", "insert", id="s.id", v="t.v")])
+    with pytest.raises(MergeResolutionError, match="WHEN NOT MATCHED clauses can only refer to the source"):
+        run_merge(spark, spec)
+
+
+def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) -> None:
+    source = write_table(tmp_path / "s", SOURCE)
+    with pytest.raises(TableNotFoundError):
+        run_merge(spark, make_spec(tmp_path / "missing", source, "t.id = s.id", CASES["upsert"]))

@@ -1,0 +1,282 @@
+"""The job store's behaviour, run against SQLite and a real PostgreSQL server alike."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert, update
+from sqlalchemy.exc import IntegrityError
+
+from service.errors import (
+    IdempotencyConflictError,
+    InvalidCursorError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    LeaseLostError,
+)
+from service.jobs import NewJob, Phase, Status, check_transition
+from service.manager import JobManager
+from service.models import jobs
+from service.problems import lease_lost_problem
+from tests.service.conftest import FakeClock
+
+CANCELLED = {"type": "urn:test:cancelled", "title": "Merge cancelled"}
+
+
+def new(target: str = "/lake/a", **kw: object) -> NewJob:
+    return NewJob(target=target, target_key=target, spec={"sql": f"MERGE INTO {target}"}, dry_run=False,
+                  **kw)  # type: ignore[arg-type]
+
+
+def test_submit_and_read_back(store: JobManager, clock: FakeClock) -> None:
+    job, created = store.submit(new())
+    assert created
+    assert job.status is Status.QUEUED and job.phase is Phase.QUEUED
+    assert job.submitted_at == clock.now and job.attempts == 0
+    assert store.get(job.id) == job
+    assert store.get_spec(job.id) == {"sql": "MERGE INTO /lake/a"}
+    with pytest.raises(JobNotFoundError):
+        store.get("nope")
+
+
+def test_seq_increases_in_submission_order(store: JobManager) -> None:
+    seqs = [store.submit(new(f"/lake/{i % 3}"))[0].seq for i in range(10)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 10
+
+
+def test_idempotency_key(store: JobManager) -> None:
+    first, created = store.submit(new(idempotency_key="k1", request_hash="h1"))
+    again, created_again = store.submit(new(idempotency_key="k1", request_hash="h1"))
+    assert created and not created_again and again.id == first.id
+    with pytest.raises(IdempotencyConflictError):
+        store.submit(new(idempotency_key="k1", request_hash="h2"))
+    assert len(store.list()[0]) == 1
+
+
+def test_idempotency_key_race(store: JobManager) -> None:
+    results: list[str] = []
+
+    def submit() -> None:
+        results.append(store.submit(new(idempotency_key="race", request_hash="h"))[0].id)
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1 and len(results) == 6
+
+
+def test_list_newest_first_with_cursor_and_filters(store: JobManager, clock: FakeClock) -> None:
+    ids = []
+    for i in range(7):
+        ids.append(store.submit(new("/lake/a" if i % 2 else "/lake/b"))[0].id)
+        if i != 3:  # two jobs share a timestamp: the id breaks the tie
+            clock.advance(1)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = store.list(limit=3, cursor=cursor)
+        seen += [j.id for j in page]
+        if cursor is None:
+            break
+    assert seen == sorted(ids, key=lambda i: (store.get(i).submitted_at, i), reverse=True)
+    only_a, _ = store.list(target_key="/lake/a")
+    assert [j.id for j in only_a] == [i for i in reversed(ids) if store.get(i).target == "/lake/a"]
+    store.request_cancel(ids[0], problem=CANCELLED)
+    cancelled, _ = store.list(status=Status.CANCELLED)
+    assert [j.id for j in cancelled] == [ids[0]]
+    with pytest.raises(InvalidCursorError):
+        store.list(cursor="not-a-cursor")
+
+
+def test_claim_follows_per_table_submission_order(store: JobManager) -> None:
+    a1 = store.submit(new("/lake/a"))[0]
+    a2 = store.submit(new("/lake/a"))[0]
+    b1 = store.submit(new("/lake/b"))[0]
+    first = store.claim("w1")
+    second = store.claim("w2")
+    assert first is not None and second is not None
+    assert (first.lease.job_id, second.lease.job_id) == (a1.id, b1.id)
+    assert store.claim("w3") is None  # a2 waits for a1
+    store.succeed(first.lease, table_version=1, result={}, metrics={})
+    third = store.claim("w3")
+    assert third is not None and third.lease.job_id == a2.id and third.seq > first.seq
+
+
+def test_a_queued_older_job_in_backoff_blocks_newer_ones(store: JobManager, clock: FakeClock) -> None:
+    a1 = store.submit(new("/lake/a"))[0]
+    store.submit(new("/lake/a"))
+    claimed = store.claim("w")
+    assert claimed is not None
+    assert store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=10) is Status.QUEUED
+    assert store.claim("w") is None
+    clock.advance(10)
+    again = store.claim("w")
+    assert again is not None and again.lease.job_id == a1.id and again.lease.attempt == 2
+
+
+def test_one_running_job_per_table_is_enforced_by_the_database(store: JobManager, clock: FakeClock) -> None:
+    store.submit(new("/lake/a"))
+    assert store.claim("w") is not None
+    with pytest.raises(IntegrityError), store.engine.begin() as conn:
+        conn.execute(insert(jobs).values(
+            id="X" * 26, status="running", phase="queued", target="/lake/a", target_key="/lake/a", spec={},
+            dry_run=False, submitted_at=clock.now, attempts=1, cancel_requested=False, next_run_at=clock.now,
+            updated_at=clock.now))
+
+
+def test_concurrent_claimers_keep_per_table_order(store: JobManager) -> None:
+    tables = [f"/lake/t{i}" for i in range(3)]
+    submitted = {t: [store.submit(new(t))[0].id for _ in range(5)] for t in tables}
+    ran: dict[str, list[str]] = {t: [] for t in tables}
+    lock = threading.Lock()
+    running: set[str] = set()
+    errors: list[str] = []
+
+    def work(name: str) -> None:
+        idle = 0
+        while idle < 20:
+            job = store.claim(name)
+            if job is None:
+                idle += 1
+                threading.Event().wait(0.01)
+                continue
+            idle = 0
+            with lock:
+                if job.target_key in running:
+                    errors.append(f"two running jobs on {job.target_key}")
+                running.add(job.target_key)
+                ran[job.target_key].append(job.lease.job_id)
+            threading.Event().wait(0.005)
+            with lock:
+                running.discard(job.target_key)
+            store.succeed(job.lease, table_version=None, result={}, metrics={})
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert ran == submitted
+
+
+def test_lease_expiry_reclaim_and_fencing(store: JobManager, clock: FakeClock) -> None:
+    job = store.submit(new())[0]
+    old = store.claim("w1")
+    assert old is not None
+    assert store.heartbeat(old.lease) is False
+    clock.advance(29)
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == []
+    clock.advance(2)
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == [job.id]
+    assert store.get(job.id).status is Status.QUEUED
+    new_claim = store.claim("w2")
+    assert new_claim is not None and new_claim.lease.attempt == 2
+    # The first worker is fenced out of every write.
+    for call in (
+        lambda: store.heartbeat(old.lease),
+        lambda: store.set_phase(old.lease, Phase.COMMITTING),
+        lambda: store.succeed(old.lease, table_version=1, result={}, metrics={}),
+        lambda: store.fail(old.lease, error={"type": "x", "title": "t"}),
+        lambda: store.retry(old.lease, error={"type": "x", "title": "t"}, delay_seconds=0),
+    ):
+        with pytest.raises(LeaseLostError):
+            call()
+    store.set_phase(new_claim.lease, Phase.WRITING)
+    store.succeed(new_claim.lease, table_version=4, result={"num_affected_rows": 1}, metrics={"numSourceRows": 1})
+    done = store.get(job.id)
+    assert (done.status, done.phase, done.table_version, done.attempts) == (Status.SUCCEEDED, Phase.DONE, 4, 2)
+    assert done.error is None and done.result == {"num_affected_rows": 1}
+
+
+def test_commit_needs_a_live_lease(store: JobManager, clock: FakeClock) -> None:
+    store.submit(new())
+    claimed = store.claim("w")
+    assert claimed is not None
+    clock.advance(31)  # expired, not yet taken back: the commit must not start
+    with pytest.raises(LeaseLostError):
+        store.set_phase(claimed.lease, Phase.COMMITTING)
+
+
+def test_reclaim_gives_up_after_max_attempts(store: JobManager, clock: FakeClock) -> None:
+    job = store.submit(new())[0]
+    for _ in range(2):
+        assert store.claim("w") is not None
+        clock.advance(31)
+        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem)
+    final = store.get(job.id)
+    assert final.status is Status.FAILED and final.error is not None
+    assert final.error["title"] == "Worker lease lost"
+
+
+def test_cancel_queued_and_running(store: JobManager) -> None:
+    queued = store.submit(new("/lake/a"))[0]
+    running = store.submit(new("/lake/b"))[0]
+    claimed = store.claim("w")
+    assert claimed is not None and claimed.lease.job_id == queued.id
+    # a queued job is cancelled at once
+    other = store.submit(new("/lake/c"))[0]
+    cancelled = store.request_cancel(other.id, problem=CANCELLED)
+    assert cancelled.status is Status.CANCELLED and cancelled.finished_at is not None
+    # a running one is flagged for the worker
+    flagged = store.request_cancel(queued.id, problem=CANCELLED)
+    assert flagged.status is Status.RUNNING and flagged.cancel_requested
+    assert store.heartbeat(claimed.lease) is True
+    assert store.set_phase(claimed.lease, Phase.WRITING) is True
+    store.cancel_running(claimed.lease, error=CANCELLED)
+    assert store.get(queued.id).status is Status.CANCELLED
+    # a finished job stays as it is
+    assert store.request_cancel(queued.id, problem=CANCELLED).status is Status.CANCELLED
+    with pytest.raises(JobNotFoundError):
+        store.request_cancel("missing", problem=CANCELLED)
+    assert store.get(running.id).status is Status.QUEUED
+
+
+def test_retry_of_a_job_whose_cancel_was_requested_cancels_it(store: JobManager) -> None:
+    job = store.submit(new())[0]
+    claimed = store.claim("w")
+    assert claimed is not None
+    store.request_cancel(job.id, problem=CANCELLED)
+    assert store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=1) is Status.CANCELLED
+
+
+def test_transitions_refuse_invalid_moves() -> None:
+    check_transition(Status.QUEUED, Status.RUNNING)
+    check_transition(Status.RUNNING, Status.QUEUED)
+    for frm, to in ((Status.SUCCEEDED, Status.RUNNING), (Status.QUEUED, Status.SUCCEEDED),
+                    (Status.CANCELLED, Status.QUEUED), (Status.FAILED, Status.SUCCEEDED)):
+        with pytest.raises(InvalidTransitionError):
+            check_transition(frm, to)
+
+
+def test_a_finished_job_cannot_be_finished_again(store: JobManager) -> None:
+    store.submit(new())
+    claimed = store.claim("w")
+    assert claimed is not None
+    store.fail(claimed.lease, error={"type": "x", "title": "t"})
+    with pytest.raises(LeaseLostError):
+        store.succeed(claimed.lease, table_version=1, result={}, metrics={})
+
+
+def test_queue_stats(store: JobManager, clock: FakeClock) -> None:
+    assert store.queue_stats().depth == 0
+    store.submit(new("/lake/a"))
+    clock.advance(5)
+    store.submit(new("/lake/b"))
+    clock.advance(5)
+    assert store.claim("w") is not None
+    stats = store.queue_stats()
+    assert (stats.depth, stats.running) == (1, 1)
+    assert stats.oldest_age_seconds == pytest.approx(5.0)
+
+
+def test_schema_at_head(store: JobManager) -> None:
+    assert store.schema_at_head()
+    store.migrate()  # idempotent
+    with store.engine.begin() as conn:
+        conn.execute(update(jobs).values(updated_at=store.clock() + timedelta(seconds=1)))
+    assert store.schema_at_head()
