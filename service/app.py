@@ -1,0 +1,97 @@
+"""The FastAPI application: ``create_app(settings)`` wires the job store, metrics and routers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from service.manager import JobManager
+from service.metrics import ServiceMetrics
+from service.middleware import BodyLimitMiddleware, HttpMetricsMiddleware
+from service.paths import LakeRoots
+from service.problems import PROBLEM_MEDIA_TYPE, install_handlers
+from service.routers import health, merges
+from service.routers import metrics as metrics_router
+from service.settings import Settings
+
+API_VERSION = "1"
+
+
+class ReadinessProvider(Protocol):
+    def readiness(self) -> tuple[bool, str]: ...
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    manager: JobManager | None = None,
+    metrics: ServiceMetrics | None = None,
+    workers: Sequence[ReadinessProvider] = (),
+    include_merges: bool = True,
+) -> FastAPI:
+    """The API. Pass ``workers`` that run in this process so /readyz also checks their Spark connection;
+    ``include_merges=False`` gives a worker process its health and metrics endpoints only."""
+    settings = settings or Settings()
+    owns_manager = manager is None
+    manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
+    metrics = metrics or ServiceMetrics()
+    metrics.watch_queue(manager)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_manager:
+            manager.dispose()
+
+    app = FastAPI(
+        title="merge-service",
+        version=API_VERSION,
+        summary="Applies MERGE INTO jobs to Delta Lake tables.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.manager = manager
+    app.state.metrics = metrics
+    app.state.roots = LakeRoots(settings.lake_roots)
+    app.state.workers = list(workers)
+
+    install_handlers(app)
+    if include_merges:
+        app.include_router(merges.router)
+    app.include_router(health.router)
+    app.include_router(metrics_router.router)
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _problem_media_types(
+                get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """Error answers are ``application/problem+json``; FastAPI would document them as ``application/json``."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            for code, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if code.isdigit() and int(code) >= 400 and "application/json" in content:
+                    media = content.pop("application/json")
+                    if code == "503" and "readyz" in str(operation.get("operationId", "")):
+                        content["application/json"] = media
+                    else:
+                        content[PROBLEM_MEDIA_TYPE] = media
+    components = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        if unused in components and unused not in str(schema["paths"]):
+            del components[unused]
+    return schema

@@ -1,0 +1,190 @@
+"""``merge-service``: serve (API and workers in one process), api, worker, migrate, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import structlog
+
+from service.errors import DatabaseUnavailableError
+from service.logs import configure_logging
+from service.manager import JobManager
+from service.metrics import ServiceMetrics
+from service.settings import Settings
+
+log = structlog.get_logger("merge-service")
+SCHEMA_WAIT_SECONDS = 60.0
+
+
+def _manager(settings: Settings) -> JobManager:
+    return JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
+
+
+def _wait_for_schema(manager: JobManager, timeout: float = SCHEMA_WAIT_SECONDS) -> None:
+    """``api`` and ``worker`` do not migrate (a deployment runs ``migrate`` once); they wait for it instead."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if manager.schema_at_head():
+                return
+            why = "the job database is not at the newest migration (run `merge-service migrate`)"
+        except DatabaseUnavailableError as exc:
+            why = str(exc)
+        if time.monotonic() > deadline:
+            raise SystemExit(f"merge-service: {why}")
+        log.info("waiting for the job database", reason=why)
+        time.sleep(2.0)
+
+
+def _serve_http(app: object, host: str, port: int, settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False,
+                            log_config=None)
+    uvicorn.Server(config).run()
+
+
+def cmd_migrate(settings: Settings) -> int:
+    manager = _manager(settings)
+    try:
+        manager.migrate()
+    finally:
+        manager.dispose()
+    log.info("job database at the newest migration")
+    return 0
+
+
+def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, count: int) -> list:  # type: ignore[type-arg]
+    from service.worker import Worker
+
+    return [Worker(settings, manager=manager, metrics=metrics) for _ in range(count)]
+
+
+def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True) -> int:
+    from service.app import create_app
+
+    manager = _manager(settings)
+    if migrate:
+        manager.migrate()
+    else:
+        _wait_for_schema(manager)
+    metrics = ServiceMetrics()
+    count = settings.workers if with_api else max(1, settings.workers)
+    workers = _workers(settings, manager, metrics, count)
+    app = create_app(settings, manager=manager, metrics=metrics, workers=workers, include_merges=with_api)
+    for worker in workers:
+        worker.start()
+    try:
+        _serve_http(app, host, port, settings)
+    finally:
+        for worker in workers:
+            worker.stop()
+        manager.dispose()
+    return 0
+
+
+def cmd_api(settings: Settings, host: str, port: int) -> int:
+    from service.app import create_app
+
+    manager = _manager(settings)
+    _wait_for_schema(manager)
+    _serve_http(create_app(settings, manager=manager), host, port, settings)
+    manager.dispose()
+    return 0
+
+
+def cmd_demo(settings: Settings, url: str) -> int:
+    """A small Delta table under the first lake root, and the curl command that upserts into it."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    root = Path(settings.lake_roots[0]).resolve()
+    table = root / "demo" / "customers"
+    if (table / "_delta_log").is_dir():
+        print(f"The demo table exists: {table} (version {DeltaTable(str(table)).version()})")
+    else:
+        table.mkdir(parents=True, exist_ok=True)
+        data = pa.table({
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "name": ["Ada", "Grace", "Edsger"],
+            "city": ["London", "Arlington", "Nuenen"],
+        })
+        write_deltalake(str(table), data)
+        print(f"Created the Delta table {table} with 3 rows (version 0).")
+    body = {
+        "target": str(table),
+        "source": {
+            "rows": [{"id": 2, "name": "Grace", "city": "New York"}, {"id": 4, "name": "Barbara", "city": "Boston"}],
+            "schema": "id BIGINT, name STRING, city STRING",
+        },
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+        "when_matched": [{"action": "update_all"}],
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+    print("\nUpsert two rows (one update, one insert):\n")
+    print(f"curl -s -X POST {url}/merges -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}")
+    print(f"\nThen poll the job it answers:\n\ncurl -s {url}/merges/<id>")
+    return 0
+
+
+def _install_sigterm() -> None:
+    def _raise(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="merge-service", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text, port in (
+        ("serve", "the API and its workers in one process", 8000),
+        ("api", "the API only", 8000),
+        ("worker", "merge workers, with /healthz, /readyz and /metrics", None),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=port)
+    sub.add_parser("migrate", help="bring the job database's schema up to date")
+    demo = sub.add_parser("demo", help="create a small Delta table and print a merge to try")
+    demo.add_argument("--url", default="http://127.0.0.1:8000")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    if args.command in ("serve", "api", "worker"):
+        _install_sigterm()
+    try:
+        if args.command == "migrate":
+            return cmd_migrate(settings)
+        if args.command == "serve":
+            return cmd_serve(settings, args.host, args.port)
+        if args.command == "api":
+            return cmd_api(settings, args.host, args.port)
+        if args.command == "worker":
+            return cmd_serve(settings, args.host, args.port or settings.worker_port, with_api=False, migrate=False)
+        if args.command == "demo":
+            return cmd_demo(settings, args.url)
+    except KeyboardInterrupt:
+        return 0
+    except DatabaseUnavailableError as exc:
+        print(f"merge-service: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

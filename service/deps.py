@@ -1,0 +1,60 @@
+"""Request dependencies as ``Annotated`` aliases: what a handler needs, named once."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.manager import JobManager
+from service.metrics import ServiceMetrics
+from service.paths import LakeRoots
+from service.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def get_manager(request: Request) -> JobManager:
+    return request.app.state.manager  # type: ignore[no-any-return]
+
+
+def get_metrics(request: Request) -> ServiceMetrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+def get_roots(request: Request) -> LakeRoots:
+    return request.app.state.roots  # type: ignore[no-any-return]
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ManagerDep = Annotated[JobManager, Depends(get_manager)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+RootsDep = Annotated[LakeRoots, Depends(get_roots)]
+
+_bearer = HTTPBearer(auto_error=False, description="Required when the deployment configures API tokens.")
+
+
+def require_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Bearer tokens, compared in constant time against every configured token."""
+    if not settings.api_tokens:
+        return
+    given = credentials.credentials.encode() if credentials is not None else b""
+    ok = False
+    for token in settings.api_tokens:
+        ok |= hmac.compare_digest(given, token.encode())
+    if credentials is None or not ok:
+        raise HTTPException(
+            status_code=401,
+            detail="A valid bearer token is required (Authorization: Bearer <token>).",
+            headers={"WWW-Authenticate": 'Bearer realm="merge-service"'},
+        )
+
+
+AuthDep = Annotated[None, Depends(require_token)]

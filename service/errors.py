@@ -1,0 +1,58 @@
+"""The service's one family of errors. Routers turn them into problem documents; the worker decides by kind."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Root of every error the service raises on purpose."""
+
+
+class JobNotFoundError(ServiceError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"No merge job has the id {job_id!r}.")
+        self.job_id = job_id
+
+
+class IdempotencyConflictError(ServiceError):
+    def __init__(self, key: str, job_id: str) -> None:
+        super().__init__(
+            f"The Idempotency-Key {key!r} was already used for job {job_id} with a different request body."
+        )
+        self.key = key
+        self.job_id = job_id
+
+
+class InvalidTransitionError(ServiceError):
+    """A state change the job's life cycle does not allow (e.g. finishing a job that is not running)."""
+
+
+class LeaseLostError(ServiceError):
+    """This worker's claim on the job ended (expired and taken over, or the job changed under it). Whatever it
+    was doing must stop without touching the table or the row."""
+
+    retryable = True
+    title = "Worker lease lost"
+
+
+class CancelRequestedError(ServiceError):
+    """Raised from a safe point when the job's cancellation was requested."""
+
+    title = "Merge cancelled"
+
+
+class DatabaseUnavailableError(ServiceError):
+    """The job database could not be reached or did not answer in time."""
+
+
+class InvalidCursorError(ServiceError):
+    pass
+
+
+class RequestValidationProblem(ServiceError):
+    """A submission that cannot be valid; ``field`` names the part of the body at fault."""
+
+    def __init__(self, field: str, message: str, *, title: str = "Invalid merge") -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.title = title

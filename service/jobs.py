@@ -1,0 +1,119 @@
+"""The job's life cycle (statuses, phases, the moves between them) and the records the store hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from service.errors import InvalidTransitionError
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    PREPARING_SOURCE = "preparing_source"
+    FINDING_TOUCHED_FILES = "finding_touched_files"
+    WRITING = "writing"
+    COMMITTING = "committing"
+    DONE = "done"
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+ENGINE_PHASES = frozenset(
+    {Phase.PREPARING_SOURCE, Phase.FINDING_TOUCHED_FILES, Phase.WRITING, Phase.COMMITTING}
+)
+
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),
+    # running -> queued: a retry after a transient failure, or a lease taken back from a silent worker.
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.QUEUED}),
+    Status.SUCCEEDED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+def sources_for(target: Status) -> tuple[str, ...]:
+    """The statuses a job may move to ``target`` from: used in the WHERE clause so the move is atomic."""
+    return tuple(s.value for s, nexts in TRANSITIONS.items() if target in nexts)
+
+
+def check_transition(current: Status | str, target: Status | str) -> None:
+    current, target = Status(current), Status(target)
+    if target not in TRANSITIONS[current]:
+        raise InvalidTransitionError(f"A {current.value} job cannot become {target.value}.")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as the API shows it (the spec itself is not loaded for listings)."""
+
+    id: str
+    seq: int
+    status: Status
+    phase: Phase
+    target: str
+    target_key: str
+    dry_run: bool
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    table_version: int | None
+    result: dict[str, int] | None
+    metrics: dict[str, int] | None
+    error: dict[str, Any] | None
+    cancel_requested: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on one attempt of a job. ``attempt`` is the fencing token: every write names it."""
+
+    job_id: str
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    lease: Lease
+    seq: int
+    target: str
+    target_key: str
+    spec: dict[str, Any]
+    dry_run: bool
+    submitted_at: datetime
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What the API hands the store at submission: already validated and normalised."""
+
+    target: str
+    target_key: str
+    spec: dict[str, Any]
+    dry_run: bool
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    depth: int
+    oldest_age_seconds: float
+    running: int

@@ -1,0 +1,81 @@
+"""Prometheus metrics. Counters and histograms are recorded as things happen; the queue's depth and age are
+read from the job table at scrape time, so every API process reports the same truth."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from service.errors import DatabaseUnavailableError
+from service.manager import JobManager
+
+RUN_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+
+
+class QueueCollector(Collector):
+    def __init__(self, manager: JobManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("merge_job_database_up", "1 when the job database answered this scrape.")
+        try:
+            stats = self.manager.queue_stats()
+        except DatabaseUnavailableError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield GaugeMetricFamily("merge_jobs_queued", "Jobs waiting to run.", value=stats.depth)
+        yield GaugeMetricFamily("merge_jobs_running", "Jobs running now.", value=stats.running)
+        yield GaugeMetricFamily(
+            "merge_oldest_queued_job_age_seconds", "Age of the oldest queued job (0 when none).",
+            value=stats.oldest_age_seconds,
+        )
+
+
+class ServiceMetrics:
+    """One registry per process (API and in-process workers share it)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._queue_registered = False
+        self._lock = threading.Lock()
+        self.jobs_submitted = Counter(
+            "merge_jobs_submitted", "Merge jobs accepted by POST /merges.", registry=self.registry
+        )
+        self.jobs_finished = Counter(
+            "merge_jobs_finished", "Merge jobs that reached a final status, by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        self.job_retries = Counter(
+            "merge_job_retries", "Attempts that ended in a transient failure and were queued again.",
+            registry=self.registry,
+        )
+        self.job_run_seconds = Histogram(
+            "merge_job_run_seconds", "Time a worker spent running one attempt of a job, by outcome.",
+            ["outcome"], buckets=RUN_BUCKETS, registry=self.registry,
+        )
+        self.job_queue_wait_seconds = Histogram(
+            "merge_job_queue_wait_seconds", "Time from submission to a job's first claim.",
+            buckets=WAIT_BUCKETS, registry=self.registry,
+        )
+        self.http_requests = Counter(
+            "merge_http_requests", "HTTP requests answered, by method, route and status.",
+            ["method", "route", "status"], registry=self.registry,
+        )
+        self.http_request_seconds = Histogram(
+            "merge_http_request_seconds", "HTTP request latency, by method and route.", ["method", "route"],
+            registry=self.registry,
+        )
+
+    def watch_queue(self, manager: JobManager) -> None:
+        with self._lock:
+            if not self._queue_registered:
+                self.registry.register(QueueCollector(manager))
+                self._queue_registered = True

@@ -1,0 +1,1 @@
+"""One router per resource: merge jobs, health, metrics."""

@@ -1,0 +1,39 @@
+"""Liveness and readiness: readiness looks at the job database, its schema level and (for workers) Spark."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.errors import DatabaseUnavailableError
+from service.schemas import HealthOut
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthOut, summary="The process lives")
+def healthz() -> HealthOut:
+    return HealthOut(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=HealthOut,
+    summary="The job database (and, for workers, Spark) answers",
+    responses={503: {"model": HealthOut, "description": "Something this process needs does not answer."}},
+)
+def readyz(request: Request) -> JSONResponse:
+    checks: dict[str, str] = {}
+    manager = request.app.state.manager
+    try:
+        manager.ping()
+        checks["database"] = "ok"
+        checks["schema"] = "ok" if manager.schema_at_head() else "not at the newest migration"
+    except DatabaseUnavailableError as exc:
+        checks["database"] = str(exc)
+    for index, worker in enumerate(request.app.state.workers):
+        ok, why = worker.readiness()
+        checks[f"worker-{index}"] = "ok" if ok else why
+    ready = all(v == "ok" for v in checks.values())
+    body = HealthOut(status="ok" if ready else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

@@ -1,0 +1,173 @@
+"""The merge job resource: submit, read, list, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi.responses import JSONResponse
+
+from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
+from service.jobs import JobRecord, NewJob, Status
+from service.problems import cancelled_problem
+from service.schemas import JobListOut, JobOut, MergeRequest, Problem
+from service.specs import build_merge
+
+router = APIRouter(prefix="/merges", tags=["merges"])
+log = structlog.get_logger(__name__)
+
+RETRY_AFTER_QUEUED = "2"
+RETRY_AFTER_RUNNING = "1"
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"model": Problem, "description": description}
+
+
+JOB_HEADERS = {
+    "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
+    "Retry-After": {"description": "Seconds to wait before polling again (unfinished jobs).",
+                    "schema": {"type": "string"}},
+}
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _problem("Missing or wrong bearer token."),
+    503: _problem("The job database cannot be reached."),
+}
+
+JobId = Annotated[str, Path(alias="id", description="The job's id.", max_length=64)]
+
+
+def job_out(job: JobRecord) -> JobOut:
+    return JobOut(
+        id=job.id,
+        status=job.status.value,
+        phase=job.phase.value,
+        target=job.target,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        attempts=job.attempts,
+        dry_run=job.dry_run,
+        table_version=job.table_version,
+        result=job.result,
+        metrics=job.metrics,
+        error=job.error,  # type: ignore[arg-type]
+    )
+
+
+def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
+    headers = {"Location": f"/merges/{job.id}"}
+    if not job.finished:
+        headers["Retry-After"] = RETRY_AFTER_RUNNING if job.status is Status.RUNNING else RETRY_AFTER_QUEUED
+    return JSONResponse(job_out(job).model_dump(mode="json"), status_code=status_code, headers=headers)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobOut,
+    summary="Submit a merge",
+    responses={
+        202: {"description": "Accepted: the job is queued.", "headers": JOB_HEADERS},
+        200: {"model": JobOut, "description": "The job this Idempotency-Key already created.",
+              "headers": JOB_HEADERS},
+        409: _problem("The Idempotency-Key was used with another body."),
+        413: _problem("The body is over the configured limit."),
+        422: _problem("The merge cannot be valid; `errors` names the field at fault."),
+        **COMMON_ERRORS,
+    },
+)
+def submit_merge(
+    body: Annotated[MergeRequest, Body()],
+    _auth: AuthDep,
+    manager: ManagerDep,
+    roots: RootsDep,
+    metrics: MetricsDep,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)
+    ] = None,
+) -> Response:
+    built = build_merge(body, roots)
+    stored = body.model_dump(mode="json", by_alias=True)
+    request_hash = None
+    if idempotency_key is not None:
+        canonical = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        request_hash = hashlib.sha256(canonical.encode()).hexdigest()
+    job, created = manager.submit(
+        NewJob(
+            target=built.target,
+            target_key=built.target_key,
+            spec=stored,
+            dry_run=built.dry_run,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+    )
+    if created:
+        metrics.jobs_submitted.inc()
+        log.info("job submitted", job_id=job.id, target=job.target)
+    return _job_response(job, 202 if created else 200)
+
+
+@router.get(
+    "",
+    response_model=JobListOut,
+    summary="List merge jobs, newest first",
+    responses={422: _problem("A query parameter is invalid."), **COMMON_ERRORS},
+)
+def list_merges(
+    _auth: AuthDep,
+    manager: ManagerDep,
+    roots: RootsDep,
+    settings: SettingsDep,
+    status: Annotated[Status | None, Query(description="Only jobs with this status.")] = None,
+    target: Annotated[str | None, Query(description="Only jobs on this table.", max_length=2048)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.",
+                                        max_length=1024)] = None,
+) -> JobListOut:
+    target_key = roots.resolve(target, "target") if target else None
+    items, next_cursor = manager.list(
+        status=status, target_key=target_key, limit=min(limit, settings.list_limit_max), cursor=cursor
+    )
+    return JobListOut(items=[job_out(j) for j in items], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{id}",
+    response_model=JobOut,
+    summary="Read a merge job",
+    responses={
+        200: {"description": "The job.", "headers": {"Retry-After": JOB_HEADERS["Retry-After"]}},
+        404: _problem("No job has this id."),
+        **COMMON_ERRORS,
+    },
+)
+def get_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
+    job = manager.get(job_id)
+    response = _job_response(job, 200)
+    del response.headers["Location"]
+    return response
+
+
+@router.post(
+    "/{id}/cancel",
+    status_code=202,
+    response_model=JobOut,
+    summary="Cancel a merge job",
+    responses={
+        202: {"description": "A queued job is cancelled at once; a running one at its next safe point.",
+              "headers": JOB_HEADERS},
+        404: _problem("No job has this id."),
+        **COMMON_ERRORS,
+    },
+)
+def cancel_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
+    job = manager.request_cancel(
+        job_id, problem=cancelled_problem("The job was cancelled before it started; the table is unchanged.")
+    )
+    log.info("job cancel requested", job_id=job.id, status=job.status.value)
+    return _job_response(job, 202)

@@ -1,0 +1,173 @@
+"""Request and response bodies of the contract (``shared/api-contract.md``), exactly; nothing else."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Assignments = Annotated[dict[str, NonEmpty], Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- sources --------------------------------------------------------------------------------------------------
+
+
+class TableSourceIn(_Strict):
+    format: Literal["delta", "parquet", "json", "csv"]
+    path: NonEmpty
+    options: dict[str, str] = Field(default_factory=dict)
+
+
+class RowsSourceIn(_Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    rows: list[dict[str, Any]]
+    schema_ddl: str | None = Field(default=None, alias="schema", description="A Spark DDL column list.")
+
+
+def _source_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "rows" if "rows" in value else "table"
+    return "rows" if isinstance(value, RowsSourceIn) else "table"
+
+
+SourceIn = Annotated[
+    Annotated[TableSourceIn, Tag("table")] | Annotated[RowsSourceIn, Tag("rows")],
+    Discriminator(_source_kind),
+]
+
+# --- clauses --------------------------------------------------------------------------------------------------
+
+
+class UpdateClause(_Strict):
+    action: Literal["update"]
+    condition: NonEmpty | None = None
+    set: Assignments
+
+
+class UpdateAllClause(_Strict):
+    action: Literal["update_all"]
+    condition: NonEmpty | None = None
+
+
+class DeleteClause(_Strict):
+    action: Literal["delete"]
+    condition: NonEmpty | None = None
+
+
+class InsertClause(_Strict):
+    action: Literal["insert"]
+    condition: NonEmpty | None = None
+    values: Assignments
+
+
+class InsertAllClause(_Strict):
+    action: Literal["insert_all"]
+    condition: NonEmpty | None = None
+
+
+MatchedClause = Annotated[UpdateClause | UpdateAllClause | DeleteClause, Field(discriminator="action")]
+NotMatchedClause = Annotated[InsertClause | InsertAllClause, Field(discriminator="action")]
+NotMatchedBySourceClause = Annotated[UpdateClause | DeleteClause, Field(discriminator="action")]
+CLAUSE_TAGS = frozenset({"update", "update_all", "delete", "insert", "insert_all"})
+
+
+class StructuredMergeIn(_Strict):
+    """A merge as a structured spec."""
+
+    target: NonEmpty
+    source: SourceIn
+    target_alias: NonEmpty = "target"
+    source_alias: NonEmpty = "source"
+    on: NonEmpty
+    when_matched: list[MatchedClause] = Field(default_factory=list)
+    when_not_matched: list[NotMatchedClause] = Field(default_factory=list)
+    when_not_matched_by_source: list[NotMatchedBySourceClause] = Field(default_factory=list)
+    schema_evolution: bool = False
+    dry_run: bool = False
+
+
+class SqlMergeIn(_Strict):
+    """The same merge as SQL text, in the Delta Lake dialect of Spark SQL."""
+
+    sql: NonEmpty
+
+
+def _merge_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "sql" if "sql" in value else "spec"
+    return "sql" if isinstance(value, SqlMergeIn) else "spec"
+
+
+MergeRequest = Annotated[
+    Annotated[StructuredMergeIn, Tag("spec")] | Annotated[SqlMergeIn, Tag("sql")],
+    Discriminator(_merge_kind),
+]
+UNION_TAGS = frozenset({"spec", "sql", "table", "rows"})
+
+# --- answers --------------------------------------------------------------------------------------------------
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int | None = None
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class JobError(BaseModel):
+    """Why a job failed or was cancelled, as an RFC 9457 problem object."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    detail: str | None = None
+    status: int | None = None
+
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+PhaseName = Literal["queued", "preparing_source", "finding_touched_files", "writing", "committing", "done"]
+
+
+class JobOut(BaseModel):
+    id: str
+    status: Status
+    phase: PhaseName
+    target: str
+    submitted_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    dry_run: bool
+    table_version: int | None
+    result: dict[str, int] | None
+    metrics: dict[str, int] | None
+    error: JobError | None
+
+
+class JobListOut(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str] = Field(default_factory=dict)

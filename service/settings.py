@@ -1,0 +1,63 @@
+"""Configuration from ``MERGE_SERVICE_*`` environment variables (the contract's table, plus operating knobs)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything a deployment can change. Defaults are the embedded, single-machine setup."""
+
+    model_config = SettingsConfigDict(env_prefix="MERGE_SERVICE_", extra="ignore")
+
+    database_url: str = "sqlite:///./var/merge-service.db"
+    spark_remote: str = "local"
+    lake_roots: CommaList = Field(default_factory=lambda: ["./var/lake"])
+    api_tokens: CommaList = Field(default_factory=list)
+    """Empty means no authentication."""
+    workers: int = Field(default=1, ge=0)
+
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_base_seconds: float = Field(default=1.0, ge=0)
+    backoff_max_seconds: float = Field(default=60.0, ge=0)
+    poll_interval_seconds: float = Field(default=0.2, gt=0)
+    app_id: str = "merge-service"
+    """The Delta ``txn`` application id of this deployment: with a job's ``seq`` it makes commits exactly-once."""
+    log_level: str = "INFO"
+    log_json: bool = True
+    worker_port: int = 8001
+    """Where ``merge-service worker`` serves /healthz, /readyz and /metrics."""
+    list_limit_max: int = 200
+
+    @field_validator("lake_roots", "api_tokens", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @model_validator(mode="after")
+    def _heartbeat_inside_lease(self) -> Settings:
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        if not self.lake_roots:
+            raise ValueError("at least one lake root is required")
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

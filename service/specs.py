@@ -1,0 +1,179 @@
+"""From a request body to an ``engine.MergeSpec``: lake-root checks, clause rules and the engine's validation,
+each failure a 422 that names the field at fault. The worker rebuilds the spec from the stored body the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter
+
+import engine
+import engine.errors as engine_errors
+from service.errors import RequestValidationProblem
+from service.paths import LakeRoots
+from service.schemas import (
+    DeleteClause,
+    InsertAllClause,
+    InsertClause,
+    MergeRequest,
+    RowsSourceIn,
+    SqlMergeIn,
+    StructuredMergeIn,
+    UpdateAllClause,
+    UpdateClause,
+)
+
+_REQUEST = TypeAdapter(MergeRequest)
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])*(?:\.[^\s:]+)*):\s")
+GROUPS = (
+    ("when_matched", "matched", "MATCHED"),
+    ("when_not_matched", "notMatched", "NOT MATCHED"),
+    ("when_not_matched_by_source", "notMatchedBySource", "NOT MATCHED BY SOURCE"),
+)
+
+
+@dataclass(frozen=True)
+class BuiltMerge:
+    spec: Any
+    """The ``engine.MergeSpec``, with every path resolved to its canonical local form."""
+    target: str
+    """The target as the caller wrote it (what the job shows)."""
+    target_key: str
+    """The resolved target path: the table's identity for per-table ordering."""
+    dry_run: bool
+
+
+def parse_request(stored: dict[str, Any]) -> StructuredMergeIn | SqlMergeIn:
+    return _REQUEST.validate_python(stored)
+
+
+def field_of(message: str, default: str, prefix: str = "") -> str:
+    """The field an engine message names in its ``field: ...`` prefix (the engine's convention)."""
+    match = _FIELD_PREFIX.match(message)
+    return prefix + match.group(1) if match else default
+
+
+def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> BuiltMerge:
+    if isinstance(body, SqlMergeIn):
+        spec, target = _from_sql(body, roots)
+        dry_run = False
+    else:
+        spec = _from_structured(body, roots)
+        target = body.target
+        dry_run = body.dry_run
+    try:
+        spec = engine.validate_spec(spec)
+    except engine_errors.MergeSpecError as exc:
+        default = "sql" if isinstance(body, SqlMergeIn) else "body"
+        field = "sql" if isinstance(body, SqlMergeIn) else field_of(str(exc), default)
+        raise RequestValidationProblem(field, str(exc), title=exc.title) from exc
+    _check_rows(spec)
+    return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
+
+
+def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
+    try:
+        spec = engine.parse_merge_sql(body.sql)
+    except engine_errors.MergeSpecError as exc:
+        raise RequestValidationProblem("sql", str(exc), title=exc.title) from exc
+    target = spec.target
+    source = spec.source
+    if isinstance(source, engine.TableSource):
+        source = dataclasses.replace(source, path=roots.resolve(source.path, "sql"))
+    elif isinstance(source, engine.RowsSource):
+        pass
+    else:  # a SELECT over other sources: every relation it reads must be in the lake too
+        relations = {
+            name: dataclasses.replace(rel, path=roots.resolve(rel.path, "sql"))
+            for name, rel in source.relations.items()
+        }
+        source = dataclasses.replace(source, relations=relations)
+    spec = dataclasses.replace(spec, target=roots.resolve(target, "sql"), source=source)
+    return spec, target
+
+
+def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:
+    target = roots.resolve(body.target, "target")
+    if isinstance(body.source, RowsSourceIn):
+        source: Any = engine.RowsSource(rows=body.source.rows, schema=body.source.schema_ddl)
+    else:
+        source = engine.TableSource(
+            format=body.source.format,
+            path=roots.resolve(body.source.path, "source.path"),
+            options=dict(body.source.options),
+        )
+    _check_clause_rules(body)
+    groups: dict[str, tuple[Any, ...]] = {}
+    for name, clause_type, _ in GROUPS:
+        groups[name] = tuple(
+            engine.MergeClause(clause_type=clause_type, action=_action(c), condition=c.condition)
+            for c in getattr(body, name)
+        )
+    return engine.MergeSpec(
+        target=target,
+        source=source,
+        on=body.on,
+        matched=groups["when_matched"],
+        not_matched=groups["when_not_matched"],
+        not_matched_by_source=groups["when_not_matched_by_source"],
+        target_alias=body.target_alias,
+        source_alias=body.source_alias,
+        schema_evolution=body.schema_evolution,
+    )
+
+
+def _action(clause: Any) -> Any:
+    if isinstance(clause, UpdateClause):
+        return engine.UpdateAction(set=dict(clause.set))
+    if isinstance(clause, UpdateAllClause):
+        return engine.UpdateAction(star=True)
+    if isinstance(clause, DeleteClause):
+        return engine.DeleteAction()
+    if isinstance(clause, InsertClause):
+        return engine.InsertAction(values=dict(clause.values))
+    if isinstance(clause, InsertAllClause):
+        return engine.InsertAction(star=True)
+    raise TypeError(f"unknown clause {clause!r}")
+
+
+def _check_clause_rules(body: StructuredMergeIn) -> None:
+    """Delta's clause rules, checked here so the 422 can name the exact clause."""
+    if not (body.when_matched or body.when_not_matched or body.when_not_matched_by_source):
+        raise RequestValidationProblem(
+            "when_matched",
+            "A merge needs at least one clause in when_matched, when_not_matched or when_not_matched_by_source.",
+        )
+    for name, _, label in GROUPS:
+        clauses = getattr(body, name)
+        for index, clause in enumerate(clauses[:-1]):
+            if clause.condition is None:
+                raise RequestValidationProblem(
+                    f"{name}[{index}].condition",
+                    f"{name}[{index}].condition: when there are several {label} clauses, only the last one "
+                    "may omit its condition.",
+                )
+    if body.target_alias.lower() == body.source_alias.lower():
+        raise RequestValidationProblem(
+            "source_alias", f"source_alias: the target and source aliases must differ (both are "
+            f"{body.target_alias!r})."
+        )
+
+
+def _check_rows(spec: Any) -> None:
+    """Inline rows with a schema are converted now, so a value that does not fit is a 422, not a failed job."""
+    source = spec.source
+    if not isinstance(source, engine.RowsSource) or source.schema is None:
+        return
+    try:
+        engine.rows_to_arrow(source.rows, source.schema)
+    except engine_errors.SourceRowError as exc:
+        field = f"source.rows[{exc.row}]" + (f".{exc.column}" if exc.column else "")
+        raise RequestValidationProblem(field, str(exc), title=exc.title) from exc
+    except engine_errors.SourceError as exc:
+        raise RequestValidationProblem(
+            field_of(str(exc), "source", prefix="source."), str(exc), title=exc.title
+        ) from exc
