@@ -27,7 +27,6 @@ from engine.errors import (
     MergeResolutionError,
     MergeServiceEngineError,
     SparkUnavailableError,
-    UnsupportedTableFeatureError,
 )
 from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
 from engine.expressions import (
@@ -141,11 +140,6 @@ class MergeIntoCommand:
         try:
             snapshot = delta.load_snapshot(self.spec.target)
             delta.check_supported(snapshot)
-            if snapshot.cdf_enabled:
-                raise UnsupportedTableFeatureError(
-                    "The table has Change Data Feed enabled (delta.enableChangeDataFeed = true); merges into such "
-                    "tables are not supported yet, and writing without change data would break its readers."
-                )
             if self.txn is not None:
                 applied = snapshot.app_transaction_version(self.txn.app_id)
                 if applied is not None and applied >= self.txn.version:
@@ -204,8 +198,9 @@ class MergeIntoCommand:
 
         key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
         ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
-                           key_exprs=key_exprs)
+                           cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs)
         removed: list[Any] = []
+        cdc_files: list[Any] = []
         if spec.is_insert_only:
             self.on_progress("writing")
             added = InsertOnlyMergeExecutor(ctx).write_only_inserts()
@@ -215,7 +210,7 @@ class MergeIntoCommand:
             touched = executor.find_touched_files()
             self.on_progress("writing")
             if touched:
-                added, _ = executor.write_all_changes()
+                added, cdc_files = executor.write_all_changes()
                 removed = touched
             elif spec.not_matched:
                 added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
@@ -226,7 +221,7 @@ class MergeIntoCommand:
         changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
         version = None
         if changed and not self.dry_run:
-            version = self._commit(snapshot, resolved, predicate, candidates, added, removed)
+            version = self._commit(snapshot, resolved, predicate, candidates, [*added, *cdc_files], removed)
         m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
         return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
 

@@ -18,8 +18,10 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.errors import MultipleMatchError
+from engine.expressions import quote_identifier
 from engine.output import (
     ACTION_COL,
+    CDC_TYPE_COL,
     COPY,
     DROP_SOURCE,
     INSERT,
@@ -28,9 +30,12 @@ from engine.output import (
     NOT_MATCHED_BY_SOURCE_DELETE,
     NOT_MATCHED_BY_SOURCE_UPDATE,
     ROW_DROPPED_COL,
+    SOURCE_ROW_INDEX_COL,
     SOURCE_ROW_PRESENT_COL,
+    TARGET_ROW_INDEX_COL,
     TARGET_ROW_PRESENT_COL,
     action_counts,
+    generate_cdc_and_output_rows,
     generate_inserts_only_output_cols,
     generate_precomputed_conditions_and_df,
     generate_write_all_changes_output_cols,
@@ -56,6 +61,9 @@ class MergeContext:
     """Live files left after data skipping."""
     write_id: str
     metrics: dict[str, int]
+    cdc_enabled: bool = False
+    deduplicate_cdf_deletes: bool = False
+    """Set by findTouchedFiles: several source rows matched one target row under the delete-only exemption."""
     key_exprs: Sequence[str] = ()
     """Source-side expressions of the ON equalities, to name colliding keys in the multiple-match error."""
     touched_files: list[Any] = field(default_factory=list)
@@ -121,6 +129,7 @@ class ClassicMergeExecutor:
                 raise MultipleMatchError(self._multiple_match_message(joined))
             # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
             ctx.metrics["_multipleMatchDeleteOnlyOvercount"] = multiple_match_sum - multiple_match_count
+            ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
         if spec.not_matched_by_source:
             touched_names = {f.path for f in ctx.candidate_files}
         else:
@@ -156,13 +165,22 @@ class ClassicMergeExecutor:
             described.append(f"({values}) matched {row['n']} source rows")
         return base + " Duplicate source keys: " + "; ".join(described) + "."
 
-    def write_all_changes(self) -> tuple[list[Any], DataFrame | None]:
-        """Rewrite the touched files joined with the source; answers the added files."""
+    def write_all_changes(self) -> tuple[list[Any], list[Any]]:
+        """Rewrite the touched files joined with the source; answers the added data and change files."""
         ctx = self.ctx
         spec = ctx.spec
         start = time.monotonic()
+        cdc = ctx.cdc_enabled
         target = ctx.target_df(ctx.touched_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        dedup_columns: list[str] = []
+        if cdc and ctx.deduplicate_cdf_deletes:
+            # DeduplicateCDFDeletes: row indexes to keep one delete per target row (even / odd: never equal).
+            target = target.withColumn(TARGET_ROW_INDEX_COL, F.monotonically_increasing_id() * 2)
+            dedup_columns.append(TARGET_ROW_INDEX_COL)
+            if spec.not_matched:
+                source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
+                dedup_columns.append(SOURCE_ROW_INDEX_COL)
         join_type = "right_outer" if spec.is_matched_only else "full_outer"
         joined = source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, join_type)
         clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
@@ -171,9 +189,15 @@ class ClassicMergeExecutor:
         tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing)
         output_cols = generate_write_all_changes_output_cols(
             tcols, ctx.output_names, ctx.resolved.matched, ctx.resolved.not_matched,
-            ctx.resolved.not_matched_by_source, lookups,
+            ctx.resolved.not_matched_by_source, lookups, cdc=cdc,
         )
-        projected = joined.select(*output_cols, F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL))
+        preimage_names = [f"_preimage_{i}_" for i in range(len(tcols))] if cdc else []
+        projected = joined.select(
+            *output_cols,
+            *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)],
+            F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL),
+            *dedup_columns,
+        )
         obs = Observation("writeAllChanges")
         codes = [MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE,
                  INSERT, COPY]
@@ -181,8 +205,26 @@ class ClassicMergeExecutor:
             obs, *action_counts(codes),
             F.sum(F.when(F.col(SECOND_SCAN_COL), 1).otherwise(0)).alias("numSourceRowsInSecondScan"),
         )
-        output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
-        added = write_output(ctx, output)
+        cdc_files: list[Any] = []
+        if cdc:
+            names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
+            rows = generate_cdc_and_output_rows(
+                observed, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
+                [F.col(n) for n in preimage_names], dedup_columns,
+            ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
+            # Data and change rows come out of one pass; both writes read it from the cache.
+            rows = rows.persist()
+            try:
+                added = write_output(ctx, rows.where(F.col(CDC_TYPE_COL).isNull()).drop(CDC_TYPE_COL))
+                changes = rows.where(F.col(CDC_TYPE_COL).isNotNull())
+                if ctx.snapshot.partition_columns:
+                    changes = changes.repartition(*[F.col(c) for c in ctx.snapshot.partition_columns])
+                cdc_files = delta.write_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=ctx.write_id)
+            finally:
+                rows.unpersist()
+        else:
+            output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
+            added = write_output(ctx, output)
         counts = {k: int(v or 0) for k, v in obs.get.items()}
         m = ctx.metrics
         m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
@@ -193,8 +235,10 @@ class ClassicMergeExecutor:
         m["numTargetRowsInserted"] = counts.get(INSERT, 0)
         m["numTargetRowsCopied"] = counts.get(COPY, 0)
         m["numSourceRowsInSecondScan"] = counts.get("numSourceRowsInSecondScan", 0)
+        m["numTargetChangeFilesAdded"] = len(cdc_files)
+        m["numTargetChangeFileBytes"] = sum(f.size for f in cdc_files)
         m["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added, None
+        return added, cdc_files
 
 
 class InsertOnlyMergeExecutor:

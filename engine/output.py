@@ -23,6 +23,15 @@ TARGET_ROW_PRESENT_COL = "_target_row_present_"
 ROW_DROPPED_COL = "_row_dropped_"
 ACTION_COL = "_merge_action_"
 PRECOMPUTED_CONDITION_COL = "_condition_"
+CDC_TYPE_COL = "_change_type"
+TARGET_ROW_INDEX_COL = "_target_row_index_"
+SOURCE_ROW_INDEX_COL = "_source_row_index"
+
+# Change Data Feed row kinds (CDCReader); NULL marks a row of the table's own data.
+CDC_TYPE_INSERT = "insert"
+CDC_TYPE_UPDATE_PREIMAGE = "update_preimage"
+CDC_TYPE_UPDATE_POSTIMAGE = "update_postimage"
+CDC_TYPE_DELETE = "delete"
 
 # Action codes: the metric each output row counts towards.
 MATCHED_UPDATE = "matchedUpdate"
@@ -34,9 +43,14 @@ COPY = "copy"
 DROP_SOURCE = "dropSource"
 
 
+def cdc_not_cdc() -> Column:
+    return F.lit(None).cast("string")
+
+
 @dataclass
 class ProcessedClause:
-    """A clause after its condition is precomputed: N output values, then _row_dropped_ and the action."""
+    """A clause after its condition is precomputed: N output values, then _row_dropped_, the action and, with
+    Change Data Feed, the change type."""
 
     condition: Column | None
     actions: list[Column]
@@ -72,7 +86,8 @@ def target_write_cols(fields: Sequence[StructField], target_alias: str, existing
 
 
 def generate_all_action_exprs(
-    target_cols: Sequence[Column], clauses: Sequence[ResolvedClause], lookups: dict[int, Column]
+    target_cols: Sequence[Column], clauses: Sequence[ResolvedClause], lookups: dict[int, Column], *,
+    cdc: bool = False,
 ) -> list[ProcessedClause]:
     processed = []
     for clause in clauses:
@@ -80,11 +95,15 @@ def generate_all_action_exprs(
         if clause.is_delete:
             code = MATCHED_DELETE if ctype == "matched" else NOT_MATCHED_BY_SOURCE_DELETE
             actions = [*target_cols, F.lit(True), F.lit(code)]
+            change = CDC_TYPE_DELETE
         else:
             assert clause.values is not None
             code = {"matched": MATCHED_UPDATE, "notMatchedBySource": NOT_MATCHED_BY_SOURCE_UPDATE,
                     "notMatched": INSERT}[ctype]
             actions = [*clause.values, F.lit(False), F.lit(code)]
+            change = CDC_TYPE_INSERT if ctype == "notMatched" else CDC_TYPE_UPDATE_POSTIMAGE
+        if cdc:
+            actions.append(F.lit(change))
         processed.append(ProcessedClause(lookups.get(id(clause)), actions))
     return processed
 
@@ -115,19 +134,21 @@ def generate_write_all_changes_output_cols(
     not_matched: Sequence[ResolvedClause],
     not_matched_by_source: Sequence[ResolvedClause],
     lookups: dict[int, Column],
+    *,
+    cdc: bool = False,
 ) -> list[Column]:
     """One CASE WHEN per output column, choosing the NOT MATCHED BY SOURCE, NOT MATCHED or MATCHED
     expressions by which side of the outer join is missing."""
-    names = [*output_names, ROW_DROPPED_COL, ACTION_COL]
+    names = [*output_names, ROW_DROPPED_COL, ACTION_COL, *([CDC_TYPE_COL] if cdc else [])]
     n = len(names)
-    noop_copy = [*target_cols, F.lit(False), F.lit(COPY)]
-    delete_source_row = [*target_cols, F.lit(True), F.lit(DROP_SOURCE)]
-    matched_exprs = generate_clause_output_exprs(n, generate_all_action_exprs(target_cols, matched, lookups),
-                                                 noop_copy)
+    noop_copy = noop_copy_exprs(target_cols, cdc=cdc)
+    delete_source_row = [*target_cols, F.lit(True), F.lit(DROP_SOURCE), *([cdc_not_cdc()] if cdc else [])]
+    matched_exprs = generate_clause_output_exprs(
+        n, generate_all_action_exprs(target_cols, matched, lookups, cdc=cdc), noop_copy)
     not_matched_exprs = generate_clause_output_exprs(
-        n, generate_all_action_exprs(target_cols, not_matched, lookups), delete_source_row)
+        n, generate_all_action_exprs(target_cols, not_matched, lookups, cdc=cdc), delete_source_row)
     nmbs_exprs = generate_clause_output_exprs(
-        n, generate_all_action_exprs(target_cols, not_matched_by_source, lookups), noop_copy)
+        n, generate_all_action_exprs(target_cols, not_matched_by_source, lookups, cdc=cdc), noop_copy)
     if_source_row_null = F.col(SOURCE_ROW_PRESENT_COL).isNull()
     if_target_row_null = F.col(TARGET_ROW_PRESENT_COL).isNull()
     return [
@@ -135,6 +156,71 @@ def generate_write_all_changes_output_cols(
         .otherwise(matched_exprs[i]).alias(name)
         for i, name in enumerate(names)
     ]
+
+
+def noop_copy_exprs(target_cols: Sequence[Column], *, cdc: bool) -> list[Column]:
+    return [*target_cols, F.lit(False), F.lit(COPY), *([cdc_not_cdc()] if cdc else [])]
+
+
+def generate_cdc_and_output_rows(
+    df: DataFrame,
+    output_cols: Sequence[Column],
+    output_names: Sequence[str],
+    target_cols: Sequence[Column],
+    dedup_columns: Sequence[str] = (),
+) -> DataFrame:
+    """Delta's generateCdcAndOutputRows: each joined row packs its change rows (an update gives a preimage
+    and a postimage) and, for inserts and updates, its new data row, then the packs are exploded. Rows with a
+    NULL ``_change_type`` are the table's data; the others are change data. ``output_cols`` end with
+    _row_dropped_, _merge_action_ and _change_type; the output keeps that layout."""
+    names = [*output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
+    outputs = list(output_cols)
+    cdc_type = outputs[-1]
+    main_data_output = [*outputs[:-1], cdc_not_cdc().alias(CDC_TYPE_COL)]
+    # Deleted rows are dropped from the data but kept as change rows.
+    delete_cdc_output = [*outputs[:-3], (~outputs[-3]).alias(ROW_DROPPED_COL), *outputs[-2:]]
+    preimage = [*target_cols, F.lit(False), F.lit(COPY), F.lit(CDC_TYPE_UPDATE_PREIMAGE)]
+    update_preimage_output = [c.alias(n) for c, n in zip(preimage, names, strict=True)]
+    cdc_array = (
+        F.when(cdc_type.eqNullSafe(CDC_TYPE_INSERT), F.array(F.struct(*outputs)))
+        .when(cdc_type.eqNullSafe(CDC_TYPE_UPDATE_POSTIMAGE),
+              F.array(F.struct(*update_preimage_output), F.struct(*outputs)))
+        .when(cdc_type.eqNullSafe(CDC_TYPE_DELETE), F.array(F.struct(*delete_cdc_output)))
+        .otherwise(F.array(F.struct(*main_data_output)))
+    )
+    packed_type = F.col(f"packedCdc.{CDC_TYPE_COL}")
+    cdc_to_main_data_array = F.when(
+        packed_type.eqNullSafe(CDC_TYPE_INSERT) | packed_type.eqNullSafe(CDC_TYPE_UPDATE_POSTIMAGE),
+        F.array(F.col("packedCdc"),
+                F.struct(*[F.col(f"packedCdc.{quote_identifier(n)}").alias(n) for n in names[:-1]],
+                         cdc_not_cdc().alias(CDC_TYPE_COL))),
+    ).otherwise(F.array(F.col("packedCdc")))
+    # packAndExplodeCDCOutput: the CASE is projected first so every value is computed once per joined row.
+    dedup = [F.col(c) for c in dedup_columns]
+    exploded = (
+        df.select(cdc_array.alias("projectedCDC"), *dedup)
+        .select(F.explode(F.col("projectedCDC")).alias("packedCdc"), *dedup)
+        .select(F.explode(cdc_to_main_data_array).alias("packedData"), *dedup)
+        .select(*[F.col(f"packedData.{quote_identifier(n)}").alias(n) for n in names], *dedup)
+    )
+    if not dedup_columns:
+        return exploded
+    return deduplicate_cdf_deletes(exploded, dedup_columns)
+
+
+def deduplicate_cdf_deletes(df: DataFrame, dedup_columns: Sequence[str]) -> DataFrame:
+    """With the delete-only multiple-match exemption, a target row matched twice yields one delete row.
+    Inserted rows carry their source row index instead; the two index ranges are disjoint (even / odd)."""
+    if SOURCE_ROW_INDEX_COL in dedup_columns:
+        df = df.withColumn(TARGET_ROW_INDEX_COL,
+                           F.coalesce(F.col(TARGET_ROW_INDEX_COL), F.col(SOURCE_ROW_INDEX_COL)))
+    # Only change rows are de-duplicated: data rows are distinct rows by construction.
+    key = F.when(F.col(CDC_TYPE_COL).isNull(), F.monotonically_increasing_id()).otherwise(F.lit(None))
+    return (
+        df.withColumn("_data_row_key_", key)
+        .dropDuplicates([TARGET_ROW_INDEX_COL, CDC_TYPE_COL, "_data_row_key_"])
+        .drop(TARGET_ROW_INDEX_COL, SOURCE_ROW_INDEX_COL, "_data_row_key_")
+    )
 
 
 def generate_inserts_only_output_cols(

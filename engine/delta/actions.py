@@ -1,0 +1,454 @@
+"""Delta log actions as frozen values, and their JSON forms (PROTOCOL.md "Actions").
+
+Field names are snake_case here and Delta's camelCase in the log; ``to_action()`` gives the log's dict.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from pyspark.sql import types as T
+
+from engine.delta.errors import CorruptLogError
+from engine.delta.paths import log_path_to_local
+from engine.delta.values import field_at, leaf_fields, normalize_stat_value, stat_value_json
+
+
+def now_millis() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """Delta's per-file statistics: ``numRecords``, ``minValues``, ``maxValues``, ``nullCount``; nested dicts for
+    struct columns, keyed by (physical = logical) column name. Values are typed (see engine.delta.values)."""
+
+    num_records: int | None
+    min_values: Mapping[str, Any] = field(default_factory=dict)
+    max_values: Mapping[str, Any] = field(default_factory=dict)
+    null_count: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        parts = []
+        if self.num_records is not None:
+            parts.append(f'"numRecords":{self.num_records}')
+        for key, values in (("minValues", self.min_values), ("maxValues", self.max_values),
+                            ("nullCount", self.null_count)):
+            if values:
+                parts.append(f'"{key}":{_nested_json(values)}')
+        return "{" + ",".join(parts) + "}"
+
+    @staticmethod
+    def from_json(text: str | None, schema: T.StructType) -> FileStats | None:
+        """Parse an ``add.stats`` string against the table schema; unknown or unparsable values are dropped."""
+        if not text:
+            return None
+        try:
+            raw = json.loads(text, parse_float=Decimal)
+        except ValueError:
+            return None
+        if not isinstance(raw, dict):
+            return None
+        num = raw.get("numRecords")
+        return FileStats(
+            num_records=int(num) if isinstance(num, (int, Decimal)) else None,
+            min_values=typed_stats(raw.get("minValues"), schema),
+            max_values=typed_stats(raw.get("maxValues"), schema),
+            null_count=_int_stats(raw.get("nullCount")),
+        )
+
+    def value(self, kind: str, path: Sequence[str]) -> Any:
+        """One statistic by column path (``kind``: min_values, max_values or null_count); None if absent."""
+        node: Any = getattr(self, kind)
+        for name in path:
+            if not isinstance(node, Mapping):
+                return None
+            if name in node:
+                node = node[name]
+            else:
+                lowered = name.lower()
+                node = next((v for k, v in node.items() if k.lower() == lowered), None)
+        return None if isinstance(node, Mapping) else node
+
+
+def typed_stats(raw: Any, schema: T.StructType) -> dict[str, Any]:
+    """min/max values typed by the schema's leaf types; values of unknown columns are dropped."""
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for path, dtype in leaf_fields(schema):
+        node: Any = raw
+        for name in path:
+            node = node.get(name) if isinstance(node, Mapping) else None
+        if node is None or isinstance(node, Mapping):
+            continue
+        value = normalize_stat_value(node, dtype)
+        if value is not None:
+            _put(out, path, value)
+    return out
+
+
+def _int_stats(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            nested = _int_stats(value)
+            if nested:
+                out[key] = nested
+        elif isinstance(value, (int, Decimal)) and not isinstance(value, bool):
+            out[key] = int(value)
+    return out
+
+
+def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for name in path[:-1]:
+        target = target.setdefault(name, {})
+    target[path[-1]] = value
+
+
+def _nested_json(values: Mapping[str, Any]) -> str:
+    items = []
+    for key, value in values.items():
+        text = _nested_json(value) if isinstance(value, Mapping) else stat_value_json(value)
+        items.append(json.dumps(key, ensure_ascii=False) + ":" + text)
+    return "{" + ",".join(items) + "}"
+
+
+@dataclass(frozen=True)
+class RemoveFile:
+    path: str
+    deletion_timestamp: int
+    data_change: bool = True
+    extended_file_metadata: bool = True
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    size: int | None = None
+    tags: Mapping[str, str] | None = None
+
+    def __hash__(self) -> int:
+        return hash(("remove", self.path))
+
+    def to_action(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "path": self.path,
+            "deletionTimestamp": self.deletion_timestamp,
+            "dataChange": self.data_change,
+            "extendedFileMetadata": self.extended_file_metadata,
+            "partitionValues": dict(self.partition_values),
+        }
+        if self.size is not None:
+            body["size"] = self.size
+        if self.tags:
+            body["tags"] = dict(self.tags)
+        return {"remove": body}
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """A live data file. ``path`` is exactly as in the log (URI-encoded, relative to the root or absolute)."""
+
+    path: str
+    size: int
+    partition_values: Mapping[str, str | None]
+    modification_time: int
+    data_change: bool = True
+    stats: FileStats | None = None
+    tags: Mapping[str, str] | None = None
+
+    def __hash__(self) -> int:
+        return hash(("add", self.path))
+
+    def absolute_path(self, root: str) -> str:
+        """The decoded local path of the file under the table root ``root``."""
+        return log_path_to_local(self.path, root)
+
+    def to_remove(self, deletion_timestamp: int | None = None, *, data_change: bool = True) -> RemoveFile:
+        return RemoveFile(
+            path=self.path,
+            deletion_timestamp=now_millis() if deletion_timestamp is None else deletion_timestamp,
+            data_change=data_change,
+            extended_file_metadata=True,
+            partition_values=dict(self.partition_values),
+            size=self.size,
+            tags=self.tags,
+        )
+
+    def to_action(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "path": self.path,
+            "partitionValues": dict(self.partition_values),
+            "size": self.size,
+            "modificationTime": self.modification_time,
+            "dataChange": self.data_change,
+        }
+        if self.stats is not None:
+            body["stats"] = self.stats.to_json()
+        if self.tags:
+            body["tags"] = dict(self.tags)
+        return {"add": body}
+
+
+@dataclass(frozen=True)
+class AddCDCFile:
+    """A Change Data Feed file (``cdc`` action); readers of versions' changes use it instead of add/remove."""
+
+    path: str
+    partition_values: Mapping[str, str | None]
+    size: int
+    data_change: bool = False
+    tags: Mapping[str, str] | None = None
+
+    def __hash__(self) -> int:
+        return hash(("cdc", self.path))
+
+    def absolute_path(self, root: str) -> str:
+        return log_path_to_local(self.path, root)
+
+    def to_action(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "path": self.path,
+            "partitionValues": dict(self.partition_values),
+            "size": self.size,
+            "dataChange": self.data_change,
+        }
+        if self.tags:
+            body["tags"] = dict(self.tags)
+        return {"cdc": body}
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """The ``metaData`` action: the full record, so a schema change writes every field back unchanged."""
+
+    id: str
+    schema_string: str
+    partition_columns: tuple[str, ...] = ()
+    configuration: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+    description: str | None = None
+    format_provider: str = "parquet"
+    format_options: Mapping[str, str] = field(default_factory=dict)
+    created_time: int | None = None
+
+    def __hash__(self) -> int:
+        return hash(("metaData", self.id, self.schema_string))
+
+    @property
+    def schema(self) -> T.StructType:
+        return parse_schema(self.schema_string)
+
+    def with_schema(self, schema: T.StructType | str | Mapping[str, Any]) -> Metadata:
+        """This metadata with another table schema (schema evolution): a StructType or Delta's schema JSON."""
+        if isinstance(schema, T.StructType):
+            text = schema.json()
+        elif isinstance(schema, str):
+            text = schema
+        else:
+            text = json.dumps(schema)
+        parsed = parse_schema(text)
+        for column in self.partition_columns:
+            if field_at(parsed, [column]) is None:
+                raise ValueError(f"The new schema lacks partition column {column!r}")
+        return replace(self, schema_string=parsed.json())
+
+    def with_configuration(self, **changes: str | None) -> Metadata:
+        config = dict(self.configuration)
+        for key, value in changes.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        return replace(self, configuration=config)
+
+    def to_action(self) -> dict[str, Any]:
+        return {
+            "metaData": {
+                "id": self.id,
+                "name": self.name,
+                "description": self.description,
+                "format": {"provider": self.format_provider, "options": dict(self.format_options)},
+                "schemaString": self.schema_string,
+                "partitionColumns": list(self.partition_columns),
+                "configuration": dict(self.configuration),
+                "createdTime": self.created_time,
+            }
+        }
+
+    @staticmethod
+    def from_action(body: Mapping[str, Any]) -> Metadata:
+        fmt = body.get("format") or {}
+        return Metadata(
+            id=body["id"],
+            schema_string=body["schemaString"],
+            partition_columns=tuple(body.get("partitionColumns") or ()),
+            configuration=dict(body.get("configuration") or {}),
+            name=body.get("name"),
+            description=body.get("description"),
+            format_provider=fmt.get("provider", "parquet"),
+            format_options=dict(fmt.get("options") or {}),
+            created_time=body.get("createdTime"),
+        )
+
+
+@dataclass(frozen=True)
+class Protocol:
+    min_reader_version: int
+    min_writer_version: int
+    reader_features: tuple[str, ...] | None = None
+    writer_features: tuple[str, ...] | None = None
+
+    def to_action(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "minReaderVersion": self.min_reader_version,
+            "minWriterVersion": self.min_writer_version,
+        }
+        if self.reader_features is not None:
+            body["readerFeatures"] = list(self.reader_features)
+        if self.writer_features is not None:
+            body["writerFeatures"] = list(self.writer_features)
+        return {"protocol": body}
+
+    @staticmethod
+    def from_action(body: Mapping[str, Any]) -> Protocol:
+        rf = body.get("readerFeatures")
+        wf = body.get("writerFeatures")
+        return Protocol(
+            min_reader_version=int(body.get("minReaderVersion", 1)),
+            min_writer_version=int(body.get("minWriterVersion", 2)),
+            reader_features=tuple(rf) if rf is not None else None,
+            writer_features=tuple(wf) if wf is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class SetTransaction:
+    """The ``txn`` action: the latest version of an application's idempotent writes."""
+
+    app_id: str
+    version: int
+    last_updated: int | None = None
+
+    def to_action(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"appId": self.app_id, "version": self.version}
+        if self.last_updated is not None:
+            body["lastUpdated"] = self.last_updated
+        return {"txn": body}
+
+
+Action = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction
+
+
+def parse_schema(schema_string: str) -> T.StructType:
+    """Delta's schema JSON is Spark's: no server needed."""
+    parsed = T.StructType.fromJson(json.loads(schema_string))
+    return parsed
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """One parsed commit file: what conflict checks read of a winning commit."""
+
+    version: int
+    adds: tuple[AddFile, ...] = ()
+    removes: tuple[RemoveFile, ...] = ()
+    cdc: tuple[AddCDCFile, ...] = ()
+    metadata: Metadata | None = None
+    protocol: Protocol | None = None
+    txns: tuple[SetTransaction, ...] = ()
+    commit_info: Mapping[str, Any] | None = None
+    other: tuple[str, ...] = ()
+    """Names of actions this layer does not model (domainMetadata, checkpointMetadata...)."""
+
+
+def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
+    """Parse ``_delta_log/<version>.json`` (newline-delimited actions). ``schema`` types add statistics."""
+    adds: list[AddFile] = []
+    removes: list[RemoveFile] = []
+    cdcs: list[AddCDCFile] = []
+    txns: list[SetTransaction] = []
+    other: list[str] = []
+    metadata: Metadata | None = None
+    protocol: Protocol | None = None
+    commit_info: Mapping[str, Any] | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError as exc:
+            raise CorruptLogError(f"Commit {version}, line {number} is not JSON: {exc}") from exc
+        if not isinstance(action, dict) or len(action) != 1:
+            raise CorruptLogError(f"Commit {version}, line {number} is not one action")
+        ((kind, body),) = action.items()
+        if kind == "add":
+            if metadata is not None:
+                schema = metadata.schema
+            adds.append(AddFile(
+                path=body["path"],
+                size=int(body.get("size") or 0),
+                partition_values=dict(body.get("partitionValues") or {}),
+                modification_time=int(body.get("modificationTime") or 0),
+                data_change=bool(body.get("dataChange", True)),
+                stats=FileStats.from_json(body.get("stats"), schema),
+                tags=body.get("tags"),
+            ))
+            if body.get("deletionVector"):
+                other.append("deletionVector")
+        elif kind == "remove":
+            removes.append(RemoveFile(
+                path=body["path"],
+                deletion_timestamp=int(body.get("deletionTimestamp") or 0),
+                data_change=bool(body.get("dataChange", True)),
+                extended_file_metadata=bool(body.get("extendedFileMetadata", False)),
+                partition_values=dict(body.get("partitionValues") or {}),
+                size=body.get("size"),
+                tags=body.get("tags"),
+            ))
+        elif kind == "cdc":
+            cdcs.append(AddCDCFile(
+                path=body["path"],
+                partition_values=dict(body.get("partitionValues") or {}),
+                size=int(body.get("size") or 0),
+                data_change=bool(body.get("dataChange", False)),
+                tags=body.get("tags"),
+            ))
+        elif kind == "metaData":
+            metadata = Metadata.from_action(body)
+        elif kind == "protocol":
+            protocol = Protocol.from_action(body)
+        elif kind == "txn":
+            txns.append(SetTransaction(body["appId"], int(body["version"]), body.get("lastUpdated")))
+        elif kind == "commitInfo":
+            commit_info = body
+        else:
+            other.append(kind)
+    return CommitEntry(version, tuple(adds), tuple(removes), tuple(cdcs), metadata, protocol, tuple(txns),
+                       commit_info, tuple(other))
+
+
+def actions_to_json_lines(actions: Sequence[Mapping[str, Any]]) -> bytes:
+    """Newline-delimited JSON, as Delta commit files are written."""
+    return ("\n".join(json.dumps(a, ensure_ascii=False, separators=(",", ":")) for a in actions) + "\n").encode()
+
+
+__all__ = [
+    "Action",
+    "AddCDCFile",
+    "AddFile",
+    "CommitEntry",
+    "FileStats",
+    "Metadata",
+    "Protocol",
+    "RemoveFile",
+    "SetTransaction",
+    "actions_to_json_lines",
+    "now_millis",
+    "parse_commit",
+    "parse_schema",
+]

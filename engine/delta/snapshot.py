@@ -1,0 +1,212 @@
+"""A table's state at one version, read with ``deltalake`` (log replay, checkpoints): Delta's ``Snapshot``.
+
+deltalake parses statistics into typed values and partition values into typed values; both are converted here
+to this layer's forms (typed statistics, Delta's partition value strings).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.paths import normalize_table
+from engine.delta.storage import Storage, storage_for
+from engine.delta.values import (
+    leaf_fields,
+    normalize_stat_value,
+    serialize_partition_value,
+    to_arrow_schema,
+)
+from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
+
+DEFAULT_CHECKPOINT_INTERVAL = 10
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """The table at ``version``: metadata, protocol and live files (with statistics)."""
+
+    table_uri: str
+    root: str
+    version: int
+    metadata: Metadata
+    protocol: Protocol
+    files: tuple[AddFile, ...]
+    has_deletion_vectors: bool = False
+    _table: Any = field(default=None, repr=False)
+
+    @cached_property
+    def spark_schema(self) -> T.StructType:
+        return parse_schema(self.metadata.schema_string)
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        return to_arrow_schema(self.spark_schema)
+
+    @property
+    def partition_columns(self) -> tuple[str, ...]:
+        return tuple(self.metadata.partition_columns)
+
+    @property
+    def configuration(self) -> Mapping[str, str]:
+        return self.metadata.configuration
+
+    @property
+    def cdf_enabled(self) -> bool:
+        return str(self.configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
+
+    @property
+    def checkpoint_interval(self) -> int:
+        try:
+            return max(1, int(self.configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL)))
+        except ValueError:
+            return DEFAULT_CHECKPOINT_INTERVAL
+
+    @cached_property
+    def data_schema(self) -> T.StructType:
+        """The table schema without partition columns: what the Parquet files hold."""
+        parts = {c.lower() for c in self.partition_columns}
+        return T.StructType([f for f in self.spark_schema.fields if f.name.lower() not in parts])
+
+    @cached_property
+    def files_by_path(self) -> dict[str, AddFile]:
+        return {f.path: f for f in self.files}
+
+    @property
+    def storage(self) -> Storage:
+        return storage_for(self.root)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def app_transaction_version(self, app_id: str) -> int | None:
+        """The latest ``txn`` version recorded for ``app_id`` at this snapshot, or None."""
+        if self._table is None:
+            return None
+        version = self._table.transaction_version(app_id)
+        return None if version is None else int(version)
+
+
+def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> Snapshot:
+    """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError as RsDeltaError
+    from deltalake.exceptions import DeltaProtocolError
+    from deltalake.exceptions import TableNotFoundError as RsTableNotFoundError
+
+    table_uri, root = normalize_table(table)
+    if not os.path.isdir(os.path.join(root, "_delta_log")):
+        raise TableNotFoundError(f"No Delta table at {root} (no _delta_log folder)")
+    try:
+        dt = DeltaTable(root, version=version)
+    except RsTableNotFoundError as exc:
+        raise TableNotFoundError(f"No Delta table at {root}: {exc}") from exc
+    except DeltaProtocolError as exc:
+        raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
+    except RsDeltaError as exc:
+        if version is not None and "version" in str(exc).lower():
+            raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
+        raise DeltaError(f"Cannot read table {root}: {exc}") from exc
+
+    protocol_rs = dt.protocol()
+    protocol = Protocol(
+        min_reader_version=int(protocol_rs.min_reader_version),
+        min_writer_version=int(protocol_rs.min_writer_version),
+        reader_features=tuple(protocol_rs.reader_features) if protocol_rs.reader_features is not None else None,
+        writer_features=tuple(protocol_rs.writer_features) if protocol_rs.writer_features is not None else None,
+    )
+    meta_rs = dt.metadata()
+    metadata = Metadata(
+        id=str(meta_rs.id),
+        schema_string=dt.schema().to_json(),
+        partition_columns=tuple(meta_rs.partition_columns),
+        configuration={k: v for k, v in (meta_rs.configuration or {}).items() if v is not None},
+        name=meta_rs.name,
+        description=meta_rs.description,
+        created_time=meta_rs.created_time,
+    )
+    schema = parse_schema(metadata.schema_string)
+    files, has_dvs = _files(dt, schema, metadata.partition_columns)
+    return Snapshot(table_uri=table_uri, root=root, version=int(dt.version()), metadata=metadata,
+                    protocol=protocol, files=files, has_deletion_vectors=has_dvs, _table=dt)
+
+
+def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[tuple[AddFile, ...], bool]:
+    table = pa.table(dt.get_add_actions(flatten=False))
+    names = set(table.column_names)
+    has_dvs = False
+    if "deletionVector" in names:
+        has_dvs = any(v is not None for v in table.column("deletionVector").to_pylist())
+    part_types = {c: (_field(schema, c) or T.StringType()) for c in partition_columns}
+    leaves = list(leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types])))
+    rows = table.to_pylist()
+    files = []
+    for row in rows:
+        partition = row.get("partition") or {}
+        pvalues = {c: serialize_partition_value(partition.get(c), part_types[c]) for c in partition_columns}
+        stats = None
+        if row.get("num_records") is not None:
+            stats = FileStats(
+                num_records=int(row["num_records"]),
+                min_values=_typed(row.get("min"), leaves),
+                max_values=_typed(row.get("max"), leaves),
+                null_count=_counts(row.get("null_count")),
+            )
+        files.append(AddFile(
+            path=row["path"],
+            size=int(row["size_bytes"]),
+            partition_values=pvalues,
+            modification_time=int(row["modification_time"]),
+            data_change=True,
+            stats=stats,
+        ))
+    return tuple(files), has_dvs
+
+
+def _field(schema: T.StructType, name: str) -> T.DataType | None:
+    for f in schema.fields:
+        if f.name == name:
+            return f.dataType
+    return None
+
+
+def _typed(values: Any, leaves: list[tuple[tuple[str, ...], T.DataType]]) -> dict[str, Any]:
+    if not isinstance(values, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for path, dtype in leaves:
+        node: Any = values
+        for name in path:
+            node = node.get(name) if isinstance(node, Mapping) else None
+        if node is None or isinstance(node, Mapping):
+            continue
+        value = normalize_stat_value(node, dtype)
+        if value is None:
+            continue
+        target = out
+        for name in path[:-1]:
+            target = target.setdefault(name, {})
+        target[path[-1]] = value
+    return out
+
+
+def _counts(values: Any) -> dict[str, Any]:
+    if not isinstance(values, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            nested = _counts(value)
+            if nested:
+                out[key] = nested
+        elif isinstance(value, int):
+            out[key] = value
+    return out

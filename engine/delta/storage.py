@@ -1,0 +1,123 @@
+"""The storage a table lives on, behind one small interface chosen by the table URI's scheme (pyiceberg's
+``io`` layer). Keys are ``/``-separated paths relative to the table root.
+
+Only the local filesystem is implemented. Its put-if-absent is ``os.link`` of a fully written temporary file:
+the link either creates the final name atomically or fails because it exists; readers never see a partial
+commit file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import uuid
+from typing import Protocol
+
+from engine.delta.paths import normalize_table
+
+
+class CommitOutcomeUnknown(OSError):
+    """put_if_absent failed in a way that leaves open whether the object was created."""
+
+
+class Storage(Protocol):
+    root: str
+
+    def read(self, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError if absent."""
+        ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Names directly under the ``prefix`` folder (empty if it does not exist), sorted."""
+        ...
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        """Create the object with ``data`` atomically, or raise FileExistsError if it exists.
+        CommitOutcomeUnknown if it cannot tell; other OSErrors mean it was not created."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove an object or a whole folder; absent is fine."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        ...
+
+
+class LocalStorage:
+    """Plain paths and ``file://`` URIs."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> str:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"Storage keys are relative to the table root: {key!r}")
+        return os.path.join(self.root, *key.split("/")) if key else self.root
+
+    def read(self, key: str) -> bytes:
+        with open(self._path(key), "rb") as handle:
+            return handle.read()
+
+    def list(self, prefix: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._path(prefix)))
+        except FileNotFoundError:
+            return []
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        final = self._path(key)
+        folder = os.path.dirname(final)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{os.path.basename(final)}.{uuid.uuid4().hex}.tmp")
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temp, final)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            # The link may have been made before the error surfaced (e.g. an NFS retry): look.
+            try:
+                with open(final, "rb") as handle:
+                    landed = handle.read() == data
+            except FileNotFoundError:
+                raise exc from None
+            except OSError as probe:
+                raise CommitOutcomeUnknown(errno.EIO, f"Cannot tell whether {final} was written: {probe}") from exc
+            if not landed:
+                raise FileExistsError(errno.EEXIST, f"{final} exists", final) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+        _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def storage_for(table: str) -> Storage:
+    """The storage for a table location (local path or URI)."""
+    _, root = normalize_table(table)
+    return LocalStorage(root)
