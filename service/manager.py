@@ -105,7 +105,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("bad cursor")
         return when, job_id
     except (ValueError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidCursorError("The cursor is not one this service issued.") from exc
+        raise InvalidCursorError("query cursor: the cursor is not one this service issued.") from exc
 
 
 def _advisory_key(target_key: str) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import ServiceMetrics
@@ -72,13 +71,12 @@ class HttpMetricsMiddleware:
         self.app = app
         self.metrics = metrics
 
-    def _route(self, scope: Scope) -> str:
-        app: Any = scope.get("app")
-        for route in getattr(getattr(app, "router", None), "routes", ()):
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                return str(getattr(route, "path", "other"))
-        return "unmatched"
+    @staticmethod
+    def _route(scope: Scope) -> str:
+        """The route template (``/merges/{id}``), so label values stay few whatever ids are requested."""
+        route: Any = scope.get("route")
+        path = getattr(route, "path", None)
+        return str(path) if path else "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

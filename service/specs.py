@@ -68,9 +68,13 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
     try:
         spec = engine.validate_spec(spec)
     except engine_errors.MergeSpecError as exc:
-        default = "sql" if isinstance(body, SqlMergeIn) else "body"
-        field = "sql" if isinstance(body, SqlMergeIn) else field_of(str(exc), default)
-        raise RequestValidationProblem(field, str(exc), title=exc.title) from exc
+        message = str(exc)
+        if isinstance(body, SqlMergeIn):
+            field = "sql"
+            message = message if message.startswith("sql") else f"sql: {message}"
+        else:
+            field = field_of(message, "body")
+        raise RequestValidationProblem(field, message, title=exc.title) from exc
     _check_rows(spec)
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
 
@@ -172,8 +176,13 @@ def _check_rows(spec: Any) -> None:
         engine.rows_to_arrow(source.rows, source.schema)
     except engine_errors.SourceRowError as exc:
         field = f"source.rows[{exc.row}]" + (f".{exc.column}" if exc.column else "")
-        raise RequestValidationProblem(field, str(exc), title=exc.title) from exc
+        raise RequestValidationProblem(field, _in_source(str(exc)), title=exc.title) from exc
     except engine_errors.SourceError as exc:
         raise RequestValidationProblem(
-            field_of(str(exc), "source", prefix="source."), str(exc), title=exc.title
+            field_of(str(exc), "source", prefix="source."), _in_source(str(exc)), title=exc.title
         ) from exc
+
+
+def _in_source(message: str) -> str:
+    """The engine names ``rows[1].id`` or ``schema``; in the request body they live under ``source``."""
+    return "source." + message if _FIELD_PREFIX.match(message) else message

@@ -1,0 +1,315 @@
+"""The HTTP API against the contract: answers, problem documents for every error, and that refused requests
+leave nothing in the queue."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.manager import JobManager
+from service.settings import Settings
+from tests.service.conftest import FakeClock
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[FastAPI]:
+    manager = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
+    manager.migrate()
+    yield create_app(settings, manager=manager)
+    manager.dispose()
+
+
+@pytest.fixture
+def client(app: FastAPI) -> TestClient:
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def target(lake: Path) -> str:
+    path = lake / "orders"
+    path.mkdir()
+    return str(path)
+
+
+def spec(target: str, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "target": target,
+        "source": {"rows": [{"id": 1, "amount": "12.50"}], "schema": "id BIGINT, amount DECIMAL(10,2)"},
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+        "when_matched": [{"action": "update_all"}],
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+    body.update(overrides)
+    return body
+
+
+def queued(client: TestClient) -> int:
+    return len(client.get("/merges").json()["items"])
+
+
+def assert_problem(response: Any, status: int, field: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(PROBLEM)
+    body = response.json()
+    assert body["status"] == status and body["title"] and body["type"]
+    if field is not None:
+        assert field in [e["field"] for e in body["errors"]], body
+        assert field in body["detail"]
+    return body
+
+
+def test_submit_answers_202_with_location_and_retry_after(client: TestClient, target: str) -> None:
+    response = client.post("/merges", json=spec(target))
+    assert response.status_code == 202
+    job = response.json()
+    assert response.headers["location"] == f"/merges/{job['id']}"
+    assert response.headers["retry-after"] == "2"
+    assert set(job) == {"id", "status", "phase", "target", "submitted_at", "started_at", "finished_at",
+                        "attempts", "dry_run", "table_version", "result", "metrics", "error"}
+    assert (job["status"], job["phase"], job["target"], job["attempts"]) == ("queued", "queued", target, 0)
+    assert job["submitted_at"].endswith("Z")
+    read = client.get(f"/merges/{job['id']}")
+    assert read.status_code == 200 and read.json() == job and read.headers["retry-after"] == "2"
+
+
+def test_sql_body_and_file_uri(client: TestClient, target: str, lake: Path) -> None:
+    (lake / "updates").mkdir()
+    sql = (f"MERGE INTO delta.`file://{target}` AS t USING delta.`{lake}/updates` AS s ON t.id = s.id "
+           "WHEN MATCHED AND s.op = 'D' THEN DELETE WHEN MATCHED THEN UPDATE SET amount = s.amount "
+           "WHEN NOT MATCHED THEN INSERT *")
+    response = client.post("/merges", json={"sql": sql})
+    assert response.status_code == 202, response.text
+    listed = client.get("/merges", params={"target": target}).json()["items"]
+    assert [j["id"] for j in listed] == [response.json()["id"]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"when_matched": [{"action": "delete"}, {"action": "update_all"}]}, "when_matched[0].condition"),
+        ({"when_matched": [{"action": "update", "set": {"amount": "s.amount +"}}]}, "when_matched[0].set.amount"),
+        ({"when_matched": [{"condition": "s.op = 'D'", "action": "delete"},
+                           {"condition": "reflect('java.lang.Runtime', 'getRuntime')", "action": "update_all"}]},
+         "when_matched[1].condition"),
+        ({"on": "t.id = s.id AND java_method('java.lang.System', 'exit', 1) = 1"}, "on"),
+        ({"on": "t.id IN (SELECT id FROM other)"}, "on"),
+        ({"when_not_matched": [{"action": "insert", "values": {"id": "rand()"}, "condition": "rand() > 0.5"}]},
+         "when_not_matched[0].condition"),
+        ({"when_matched": [], "when_not_matched": []}, "when_matched"),
+        ({"when_matched": [{"action": "insert_all"}]}, "when_matched[0]"),
+        ({"when_not_matched_by_source": [{"action": "update_all"}]}, "when_not_matched_by_source[0]"),
+        ({"source_alias": "T"}, "source_alias"),
+        ({"on": ""}, "on"),
+        ({"surprise": 1}, "surprise"),
+        ({"source": {"format": "avro", "path": "/x"}}, "source.format"),
+        ({"source": {"rows": [{"id": 1}, {"id": "x"}], "schema": "id BIGINT"}}, "source.rows[1].id"),
+        ({"source": {"rows": [{"id": 1}], "schema": "id NOT_A_TYPE"}}, "source.schema"),
+    ],
+)
+def test_invalid_specs_are_422_naming_the_field_and_enqueue_nothing(
+    client: TestClient, target: str, overrides: dict[str, Any], field: str
+) -> None:
+    response = client.post("/merges", json=spec(target, **overrides))
+    assert_problem(response, 422, field)
+    assert queued(client) == 0
+
+
+def test_invalid_sql_is_422(client: TestClient, target: str) -> None:
+    response = client.post("/merges", json={"sql": "MERGE INTO nowhere"})
+    assert_problem(response, 422, "sql")
+    forbidden = (f"MERGE INTO delta.`{target}` t USING delta.`{target}` s ON t.id = s.id "
+                 "WHEN MATCHED AND reflect('java.lang.Thread', 'sleep', 1) IS NULL THEN DELETE")
+    assert_problem(client.post("/merges", json={"sql": forbidden}), 422, "sql")
+    assert queued(client) == 0
+
+
+def test_malformed_bodies_are_problems(client: TestClient) -> None:
+    bad_json = client.post("/merges", content=b"{not json", headers={"content-type": "application/json"})
+    assert_problem(bad_json, 422)
+    assert_problem(client.post("/merges", json=[1, 2]), 422)
+    assert_problem(client.post("/merges", json={"sql": ""}), 422, "sql")
+    assert queued(client) == 0
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "{lake}/../outside",
+        "{lake}/a/../../outside",
+        "/etc",
+        "relative/path",
+        "s3://bucket/table",
+        "hdfs://namenode/lake/t",
+        "file://otherhost{lake}/t",
+        "{lake}",
+        "{lake}/link/t",
+        "{lake}/t\x00",
+    ],
+)
+def test_paths_must_resolve_inside_a_lake_root(client: TestClient, lake: Path, tmp_path: Path,
+                                               location: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir(exist_ok=True)
+    if not (lake / "link").exists():
+        os.symlink(outside, lake / "link")
+    path = location.format(lake=lake)
+    assert_problem(client.post("/merges", json=spec(path)), 422, "target")
+    body = spec(str(lake / "t"), source={"format": "delta", "path": path})
+    assert_problem(client.post("/merges", json=body), 422, "source.path")
+    sql = f"MERGE INTO delta.`{path}` t USING delta.`{lake}/s` s ON t.id = s.id WHEN MATCHED THEN DELETE"
+    if "\x00" not in path and "`" not in path:
+        assert_problem(client.post("/merges", json={"sql": sql}), 422, "sql")
+    assert queued(client) == 0
+
+
+def test_idempotency_key(client: TestClient, target: str) -> None:
+    headers = {"Idempotency-Key": "batch-42"}
+    first = client.post("/merges", json=spec(target), headers=headers)
+    again = client.post("/merges", json=spec(target), headers=headers)
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["location"] == first.headers["location"]
+    conflict = client.post("/merges", json=spec(target, on="t.id = s.id AND t.amount > 0"), headers=headers)
+    assert_problem(conflict, 409)
+    assert queued(client) == 1
+
+
+def test_pagination_newest_first(client: TestClient, target: str) -> None:
+    ids = [client.post("/merges", json=spec(target)).json()["id"] for _ in range(5)]
+    page1 = client.get("/merges", params={"limit": 2}).json()
+    page2 = client.get("/merges", params={"limit": 2, "cursor": page1["next_cursor"]}).json()
+    page3 = client.get("/merges", params={"limit": 2, "cursor": page2["next_cursor"]}).json()
+    got = [j["id"] for p in (page1, page2, page3) for j in p["items"]]
+    assert got == list(reversed(ids)) and page3["next_cursor"] is None
+    assert client.get("/merges", params={"status": "queued"}).json()["items"][0]["id"] == ids[-1]
+    assert client.get("/merges", params={"status": "succeeded"}).json() == {"items": [], "next_cursor": None}
+    assert_problem(client.get("/merges", params={"cursor": "garbage"}), 422, "query cursor")
+    assert_problem(client.get("/merges", params={"limit": 0}), 422, "query limit")
+    assert_problem(client.get("/merges", params={"status": "done"}), 422, "query status")
+
+
+def test_cancel(client: TestClient, target: str) -> None:
+    job = client.post("/merges", json=spec(target)).json()
+    response = client.post(f"/merges/{job['id']}/cancel")
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "cancelled" and body["error"]["title"] == "Merge cancelled"
+    assert "retry-after" not in response.headers
+    assert_problem(client.post("/merges/unknown/cancel"), 404)
+
+
+def test_unknown_job_and_route_and_method(client: TestClient) -> None:
+    assert_problem(client.get("/merges/01ABC"), 404)
+    assert_problem(client.get("/nothing-here"), 404)
+    assert_problem(client.delete("/merges"), 405)
+
+
+def test_body_over_the_limit_is_413(settings: Settings, target: str) -> None:
+    small = settings.model_copy(update={"max_body_bytes": 2048})
+    manager = JobManager.from_url(small.database_url)
+    manager.migrate()
+    client = TestClient(create_app(small, manager=manager))
+    rows = [{"id": i, "amount": "1.00"} for i in range(200)]
+    body = spec(target, source={"rows": rows, "schema": "id BIGINT, amount DECIMAL(10,2)"})
+    assert_problem(client.post("/merges", json=body), 413)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while reading
+        yield b'{"sql": "'
+        for _ in range(100):
+            yield b"x" * 100
+        yield b'"}'
+
+    assert_problem(client.post("/merges", content=chunks(), headers={"content-type": "application/json"}), 413)
+    assert len(manager.list()[0]) == 0
+
+
+def test_bearer_tokens(settings: Settings, target: str) -> None:
+    secured = settings.model_copy(update={"api_tokens": ["s3cret", "other"]})
+    manager = JobManager.from_url(secured.database_url)
+    manager.migrate()
+    client = TestClient(create_app(secured, manager=manager))
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"},
+                    {"Authorization": "Bearer s3cre"}):
+        response = client.post("/merges", json=spec(target), headers=headers)
+        assert_problem(response, 401)
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        assert_problem(client.get("/merges", headers=headers), 401)
+        assert_problem(client.get("/merges/x", headers=headers), 401)
+    assert len(manager.list()[0]) == 0
+    ok = client.post("/merges", json=spec(target), headers={"Authorization": "Bearer other"})
+    assert ok.status_code == 202
+    assert client.get("/healthz").status_code == 200
+
+
+def test_database_unreachable_is_503(settings: Settings, target: str) -> None:
+    down = settings.model_copy(update={"database_url": "postgresql://nobody@127.0.0.1:9/none"})
+    client = TestClient(create_app(down), raise_server_exceptions=False)
+    response = client.post("/merges", json=spec(target))
+    assert_problem(response, 503)
+    assert response.headers["retry-after"]
+    assert_problem(client.get("/merges"), 503)
+    assert client.get("/healthz").status_code == 200
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+    assert "merge_job_database_up 0.0" in client.get("/metrics").text
+
+
+def test_readyz_checks_schema_level(settings: Settings) -> None:
+    manager = JobManager.from_url(settings.database_url)
+    client = TestClient(create_app(settings, manager=manager))
+    not_migrated = client.get("/readyz")
+    assert not_migrated.status_code == 503 and not_migrated.json()["checks"]["schema"] != "ok"
+    manager.migrate()
+    assert client.get("/readyz").json() == {"status": "ok", "checks": {"database": "ok", "schema": "ok"}}
+
+
+def test_readyz_includes_in_process_workers(settings: Settings) -> None:
+    class Down:
+        def readiness(self) -> tuple[bool, str]:
+            return False, "Spark Connect does not answer"
+
+    manager = JobManager.from_url(settings.database_url)
+    manager.migrate()
+    client = TestClient(create_app(settings, manager=manager, workers=[Down()]))
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["worker-0"] == "Spark Connect does not answer"
+
+
+def test_metrics(client: TestClient, target: str, clock: FakeClock) -> None:
+    client.post("/merges", json=spec(target))
+    client.post("/merges", json=spec(target))
+    client.get("/merges/nope")
+    text = client.get("/metrics").text
+    assert "merge_jobs_submitted_total 2.0" in text
+    assert "merge_jobs_queued 2.0" in text
+    assert "merge_oldest_queued_job_age_seconds" in text
+    assert 'merge_http_requests_total{method="GET",route="/merges/{id}",status="404"} 1.0' in text
+    assert "merge_http_request_seconds_bucket" in text
+
+
+def test_openapi_describes_the_contract(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    assert set(doc["paths"]) == {"/merges", "/merges/{id}", "/merges/{id}/cancel", "/healthz", "/readyz",
+                                 "/metrics"}
+    post = doc["paths"]["/merges"]["post"]
+    assert set(post["responses"]) >= {"202", "200", "401", "409", "413", "422", "503"}
+    assert "application/problem+json" in post["responses"]["422"]["content"]
+    assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
+    body = post["requestBody"]["content"]["application/json"]["schema"]
+    assert len(body["oneOf"]) == 2
+    job = doc["components"]["schemas"]["JobOut"]
+    assert set(job["properties"]) == {"id", "status", "phase", "target", "submitted_at", "started_at",
+                                      "finished_at", "attempts", "dry_run", "table_version", "result",
+                                      "metrics", "error"}
