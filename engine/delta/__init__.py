@@ -1,0 +1,54 @@
+"""The Delta table layer: snapshots (read with deltalake), scans and writes over Spark Connect, data skipping,
+statistics, and commits with Delta's optimistic concurrency (WriteSerializable) written by this process.
+
+Delta's own JVM code cannot run on the Spark servers, so this package reads and commits the log itself.
+"""
+
+from engine.delta.actions import (
+    AddCDCFile,
+    AddFile,
+    CommitEntry,
+    FileStats,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
+from engine.delta.features import check_can_modify, check_supported
+from engine.delta.scan import FILE_NAME_COL, ROW_INDEX_COL, scan_files
+from engine.delta.skipping import FilePredicate, prune_files
+from engine.delta.snapshot import Snapshot, load_snapshot
+from engine.delta.transaction import Transaction
+from engine.delta.write import (
+    CHANGE_TYPE_COL,
+    discard_write,
+    target_partitions,
+    write_cdc_files,
+    write_data_files,
+)
+
+__all__ = [
+    "CHANGE_TYPE_COL",
+    "FILE_NAME_COL",
+    "ROW_INDEX_COL",
+    "AddCDCFile",
+    "AddFile",
+    "CommitEntry",
+    "FilePredicate",
+    "FileStats",
+    "Metadata",
+    "Protocol",
+    "RemoveFile",
+    "SetTransaction",
+    "Snapshot",
+    "Transaction",
+    "check_can_modify",
+    "check_supported",
+    "discard_write",
+    "load_snapshot",
+    "prune_files",
+    "scan_files",
+    "target_partitions",
+    "write_cdc_files",
+    "write_data_files",
+]

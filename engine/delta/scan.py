@@ -1,0 +1,79 @@
+"""Reading chosen files of a table as one Spark DataFrame (what Delta's TahoeBatchFileIndex scan gives).
+
+Partition columns are not stored in the files: their values come from the log, joined in by file path from a
+small broadcast DataFrame (one row per file; cheap for thousands of files, unlike a CASE over paths). The join
+is checked: a row whose file path does not map back fails the query instead of vanishing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from engine.delta.actions import AddFile
+from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
+from engine.delta.snapshot import Snapshot
+from engine.delta.values import parse_partition_value
+
+FILE_NAME_COL = "_file_name_"
+ROW_INDEX_COL = "_row_index_"
+_LOCAL_PATH_COL = "__delta_local_path"
+_UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
+
+
+def scan_schema(snapshot: Snapshot) -> T.StructType:
+    """The scan's columns: the table's, in table order, then ``_file_name_`` and ``_row_index_``."""
+    return T.StructType([
+        *snapshot.spark_schema.fields,
+        T.StructField(FILE_NAME_COL, T.StringType(), False),
+        T.StructField(ROW_INDEX_COL, T.LongType(), False),
+    ])
+
+
+def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
+    """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
+    ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
+    evolution) read as NULL."""
+    schema = snapshot.spark_schema
+    partition_names = {c.lower() for c in snapshot.partition_columns}
+    partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
+    data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
+    unique = list({f.path: f for f in files}.values())
+    if not unique:
+        return spark.createDataFrame([], scan_schema(snapshot))
+
+    mapping_rows = []
+    for add in unique:
+        values = {k.lower(): v for k, v in add.partition_values.items()}
+        mapping_rows.append((
+            add.absolute_path(snapshot.root),
+            add.path,
+            *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+        ))
+    mapping_schema = T.StructType([
+        T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
+        T.StructField(FILE_NAME_COL, T.StringType(), False),
+        *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+    ])
+    mapping = spark.createDataFrame(mapping_rows, mapping_schema)
+
+    data = spark.read.schema(data_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
+    data = data.select(
+        *[F.col(f"`{f.name}`") for f in data_schema.fields],
+        F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(_LOCAL_PATH_COL),
+        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+    )
+    joined = data.join(F.broadcast(mapping), on=_LOCAL_PATH_COL, how="left")
+    checked_name = F.when(
+        F.col(FILE_NAME_COL).isNull(),
+        F.raise_error(F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "),
+                               F.col(_LOCAL_PATH_COL))),
+    ).otherwise(F.col(FILE_NAME_COL))
+    return joined.select(
+        *[F.col(f"`{f.name}`") for f in schema.fields],
+        checked_name.alias(FILE_NAME_COL),
+        F.col(ROW_INDEX_COL),
+    )

@@ -1,0 +1,240 @@
+"""Writing data and change-data files with Spark, and the ``add``/``cdc`` actions that describe them.
+
+Over Spark Connect no API returns the files a write produced, so each write goes to a folder of its own under
+the table root (``<write_id>/`` for data, ``_change_data/<write_id>/`` for CDF) and this process lists it
+afterwards; the storage is shared with Spark. Statistics come from the Parquet footers (pyarrow), which is
+far cheaper than a Spark aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from engine.delta.actions import AddCDCFile, AddFile, parse_schema
+from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
+from engine.delta.paths import encode_log_path, parse_partition_dir
+from engine.delta.snapshot import Snapshot
+from engine.delta.stats import stats_from_footer
+from engine.delta.values import field_at, normalize_partition_text, strip_nullability
+
+CHANGE_DATA_DIR = "_change_data"
+CHANGE_TYPE_COL = "_change_type"
+TARGET_FILE_BYTES = 128 * 1024 * 1024
+NOT_NULL_MARKER = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
+
+_WRITE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,200}$")
+
+
+def target_partitions(estimated_bytes: int, target_file_bytes: int = TARGET_FILE_BYTES) -> int:
+    """How many output partitions (files per partition value) give files near ``target_file_bytes``."""
+    return max(1, math.ceil(max(0, estimated_bytes) / max(1, target_file_bytes)))
+
+
+def _check_write_id(write_id: str) -> None:
+    if not _WRITE_ID.match(write_id) or write_id == CHANGE_DATA_DIR:
+        raise InvalidWriteError(
+            f"write_id {write_id!r} must be one folder name of letters, digits, '_', '-', '.', '=' that does not "
+            "start with '_' or '.' (Delta treats those folders as hidden)"
+        )
+
+
+def _resolve_schema(snapshot: Snapshot, schema: T.StructType | str | dict[str, Any] | None) -> T.StructType:
+    if schema is None:
+        return snapshot.spark_schema
+    if isinstance(schema, T.StructType):
+        return schema
+    if isinstance(schema, str):
+        return parse_schema(schema)
+    return T.StructType.fromJson(schema)
+
+
+def _not_null_checks(column: Column, dtype: T.DataType, path: str, guard: Column | None
+                     ) -> list[tuple[Column, str]]:
+    """(violation condition, column path) for every NOT NULL struct field under a column."""
+    checks: list[tuple[Column, str]] = []
+    if isinstance(dtype, T.StructType):
+        for f in dtype.fields:
+            child = column.getField(f.name)
+            child_path = f"{path}.{f.name}"
+            parent_present = column.isNotNull() if guard is None else (guard & column.isNotNull())
+            if not f.nullable:
+                checks.append((parent_present & child.isNull(), child_path))
+            checks.extend(_not_null_checks(child, f.dataType, child_path, parent_present))
+    return checks
+
+
+def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField] = ()) -> DataFrame:
+    """``df`` with exactly the target's columns in table order under the table's names, types checked, and
+    Delta's NOT NULL constraints enforced while Spark writes (an error, never a silent NULL)."""
+    by_name = {f.name.lower(): f for f in df.schema.fields}
+    wanted = [*target.fields, *extra]
+    problems = []
+    for f in wanted:
+        source = by_name.get(f.name.lower())
+        if source is None:
+            problems.append(f"missing column {f.name!r}")
+        elif strip_nullability(source.dataType) != strip_nullability(f.dataType):
+            problems.append(
+                f"column {f.name!r} is {source.dataType.simpleString()}, the table has {f.dataType.simpleString()}"
+            )
+    known = {f.name.lower() for f in wanted}
+    problems += [f"unexpected column {f.name!r}" for f in df.schema.fields if f.name.lower() not in known]
+    if problems:
+        raise WriteSchemaMismatchError("Data to write does not match the table schema: " + "; ".join(problems))
+
+    columns = [F.col(f"`{by_name[f.name.lower()].name}`").alias(f.name) for f in wanted]
+    out = df.select(*columns)
+    checks: list[tuple[Column, str]] = []
+    for f in target.fields:
+        column = F.col(f"`{f.name}`")
+        if not f.nullable:
+            checks.append((column.isNull(), f.name))
+        checks.extend(_not_null_checks(column, f.dataType, f.name, None))
+    if checks:
+        condition: Any = F
+        for cond, path in checks:
+            message = F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}")
+            condition = condition.when(cond, F.raise_error(message))
+        out = out.where(condition.otherwise(F.lit(True)))
+    return out
+
+
+def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: Sequence[str]) -> None:
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise InvalidWriteError(f"{out_dir} already holds files: every write needs a new write_id")
+    writer = df.write.mode("overwrite").format("parquet")
+    if partition_columns:
+        writer = writer.partitionBy(*partition_columns)
+    try:
+        writer.save("file:" + out_dir)
+    except Exception as exc:
+        if NOT_NULL_MARKER in str(exc):
+            path = re.search(r"violated for column: ([^\s\"']+)", str(exc))
+            raise InvariantViolationError(
+                f"NOT NULL constraint violated for column: {path.group(1) if path else '?'}"
+            ) from exc
+        raise
+
+
+def _list_written(root: str, rel_dir: str, partition_types: dict[str, T.DataType], session_tz: str
+                  ) -> list[tuple[str, str, dict[str, str | None], os.stat_result]]:
+    """(relative path, absolute path, partition values, stat) of each Parquet file Spark left in the folder."""
+    out = []
+    base = os.path.join(root, *rel_dir.split("/"))
+    lowered = {name.lower(): name for name in partition_types}
+    for folder, dirs, names in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        for name in sorted(names):
+            if name.startswith(("_", ".")) or not name.endswith(".parquet"):
+                continue
+            absolute = os.path.join(folder, name)
+            relative = os.path.relpath(absolute, root).replace(os.sep, "/")
+            segments = os.path.relpath(folder, base).replace(os.sep, "/")
+            values: dict[str, str | None] = {}
+            for segment in [] if segments == "." else segments.split("/"):
+                key, raw = parse_partition_dir(segment)
+                column = lowered.get(key.lower())
+                if column is None:
+                    raise InvalidWriteError(f"Unexpected partition directory {segment!r} in {folder}")
+                values[column] = normalize_partition_text(raw, partition_types[column], session_tz)
+            if set(values) != set(partition_types):
+                raise InvalidWriteError(f"{absolute} is not under one directory per partition column")
+            ordered = {c: values[c] for c in partition_types}
+            out.append((relative, absolute, ordered, os.stat(absolute)))
+    return out
+
+
+def _partition_types(schema: T.StructType, partition_columns: Sequence[str]) -> dict[str, T.DataType]:
+    types: dict[str, T.DataType] = {}
+    for column in partition_columns:
+        f = field_at(schema, [column])
+        if f is None:
+            raise WriteSchemaMismatchError(f"Partition column {column!r} is not in the table schema")
+        types[f.name] = f.dataType
+    return types
+
+
+def _session_tz(spark: SparkSession) -> str:
+    try:
+        return spark.conf.get("spark.sql.session.timeZone") or "UTC"
+    except Exception:
+        return "UTC"
+
+
+def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
+                     partition_columns: Sequence[str] | None = None,
+                     schema: T.StructType | str | dict[str, Any] | None = None) -> list[AddFile]:
+    """Write ``df`` (the table's columns, any order) as Parquet under ``<root>/<write_id>/`` and answer the
+    ``add`` actions, with statistics, for the files written. ``schema`` overrides the table schema (after
+    schema evolution). Nothing is committed; on failure the folder is removed."""
+    _check_write_id(write_id)
+    target = _resolve_schema(snapshot, schema)
+    parts = _partition_types(target, snapshot.partition_columns if partition_columns is None
+                             else partition_columns)
+    conformed = _conform(df, target)
+    out_dir = os.path.join(snapshot.root, write_id)
+    try:
+        _write(spark, conformed, out_dir, list(parts))
+        written = _list_written(snapshot.root, write_id, parts, _session_tz(spark))
+        data_schema = T.StructType([f for f in target.fields if f.name not in parts])
+        adds = []
+        for relative, absolute, values, stat in written:
+            footer = pq.read_metadata(absolute)
+            if footer.num_rows == 0:
+                os.remove(absolute)  # Spark writes an empty file for an empty input; Delta needs none.
+                continue
+            adds.append(AddFile(
+                path=encode_log_path(relative),
+                size=stat.st_size,
+                partition_values=values,
+                modification_time=int(stat.st_mtime * 1000),
+                data_change=True,
+                stats=stats_from_footer(footer, data_schema, snapshot.configuration),
+            ))
+    except BaseException:
+        discard_write(snapshot, write_id)
+        raise
+    return adds
+
+
+def write_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
+                    schema: T.StructType | str | dict[str, Any] | None = None) -> list[AddCDCFile]:
+    """Write Change Data Feed rows (table columns plus ``_change_type``) under
+    ``<root>/_change_data/<write_id>/`` and answer the ``cdc`` actions for them."""
+    _check_write_id(write_id)
+    target = _resolve_schema(snapshot, schema)
+    parts = _partition_types(target, snapshot.partition_columns)
+    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
+    rel_dir = f"{CHANGE_DATA_DIR}/{write_id}"
+    out_dir = os.path.join(snapshot.root, CHANGE_DATA_DIR, write_id)
+    try:
+        _write(spark, conformed, out_dir, list(parts))
+        written = _list_written(snapshot.root, rel_dir, parts, _session_tz(spark))
+        cdcs = []
+        for relative, absolute, values, stat in written:
+            if pq.read_metadata(absolute).num_rows == 0:
+                os.remove(absolute)
+                continue
+            cdcs.append(AddCDCFile(path=encode_log_path(relative), partition_values=values, size=stat.st_size))
+    except BaseException:
+        snapshot.storage.delete(rel_dir)
+        raise
+    return cdcs
+
+
+def discard_write(snapshot: Snapshot, write_id: str) -> None:
+    """Best-effort removal of an uncommitted write's data and change-data folders. Never call it for a write
+    whose commit may have landed."""
+    _check_write_id(write_id)
+    storage = snapshot.storage
+    storage.delete(write_id)
+    storage.delete(f"{CHANGE_DATA_DIR}/{write_id}")
