@@ -223,8 +223,8 @@ class JobControl:
                     log.warning("lease lost; stopping the attempt")
                     self.interrupt("lease")
                     return
-                except DatabaseUnavailableError as exc:
-                    log.warning("heartbeat failed; will retry", error=str(exc))
+                except Exception as exc:  # the database is away: keep trying while the lease lasts
+                    log.warning("heartbeat failed; will retry", error=repr(exc))
                     continue
                 if cancel and not self.cancel_requested:
                     log.info("cancel requested; interrupting")
