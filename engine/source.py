@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,6 +73,8 @@ def _arrow_type(node: exp.DataType, column: str) -> pa.DataType:
 
 def parse_schema(ddl: str) -> pa.Schema:
     """A Spark DDL column list (``id BIGINT, name STRING``) as an Arrow schema."""
+    if re.search(r"(^\s*,)|(,\s*(,|$))", ddl):
+        raise SourceError(f"schema: {ddl!r} has an empty column definition.")
     try:
         create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
     except ParseError as exc:
