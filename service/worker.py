@@ -118,9 +118,15 @@ class EngineRunner:
         if spark is not None:
             spark.interruptTag(tag)
 
-    def readiness(self) -> tuple[bool, str]:
+    def warm_up(self) -> None:
+        """Connect before the first job (the embedded server takes seconds to start), so /readyz can tell."""
+        self.readiness(connect=True)
+
+    def readiness(self, *, connect: bool = False) -> tuple[bool, str]:
         if time.monotonic() - self._ready_at < self.READINESS_TTL:
             return True, "ok"
+        if self._spark is None and not connect:
+            return False, "not connected to Spark yet"
         try:
             self.session().sql("SELECT 1").collect()
         except Exception as exc:
@@ -288,6 +294,9 @@ class Worker:
     # --- the loop -----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        warm_up = getattr(self.runner, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
         failures = 0
         while not self._stop.is_set():
             try:

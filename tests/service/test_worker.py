@@ -124,12 +124,13 @@ def test_transient_errors_retry_with_backoff_then_succeed(settings: Settings, ma
             if exc is not None:
                 raise exc
 
-    worker = make_worker(settings, manager, FakeRunner(flaky))
+    slow = settings.model_copy(update={"backoff_base_seconds": 0.6, "backoff_max_seconds": 1.0})
+    worker = make_worker(slow, manager, FakeRunner(flaky))
     assert worker.run_once()
     job = manager.get(job_id)
     assert job.status is Status.QUEUED and job.error is not None and job.error["status"] == 409
     assert not worker.run_once()  # still backing off
-    wait_until(lambda: worker.run_once(), timeout=2)
+    wait_until(lambda: worker.run_once(), timeout=3)
     job = manager.get(job_id)
     assert (job.status, job.attempts, job.error) == (Status.SUCCEEDED, 2, None)
 

@@ -1,0 +1,65 @@
+"""The command line: migrate, demo, and the API process started and stopped as a deployment would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from deltalake import DeltaTable
+
+from service.cli import main
+from service.manager import JobManager
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}",
+        "MERGE_SERVICE_LAKE_ROOTS": str(tmp_path / "lake"),
+    }
+
+
+def test_migrate_then_demo(tmp_path: Path, monkeypatch: object, capsys: object) -> None:
+    for key, value in _env(tmp_path).items():
+        if key.startswith("MERGE_SERVICE_"):
+            monkeypatch.setenv(key, value)  # type: ignore[attr-defined]
+    assert main(["migrate"]) == 0
+    assert JobManager.from_url(f"sqlite:///{tmp_path / 'jobs.db'}").schema_at_head()
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    table = tmp_path / "lake" / "demo" / "customers"
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 3
+    assert "curl -s -X POST http://127.0.0.1:8000/merges" in out and str(table) in out
+    assert main(["demo"]) == 0  # a second run keeps the table
+
+
+def test_api_process_waits_for_schema_serves_and_stops(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read().decode()  # type: ignore[union-attr]
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert ready.status_code == 200
+        listed = httpx.get(f"http://127.0.0.1:{port}/merges", timeout=5)
+        assert listed.json() == {"items": [], "next_cursor": None}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
