@@ -27,6 +27,8 @@ from engine.delta.values import (
 from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
+_UNREADABLE_ROOT_CHARS = ("[", "]", "%")
+"""deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,8 +44,9 @@ class Snapshot:
     has_deletion_vectors: bool = False
     _table: Any = field(default=None, repr=False)
 
-    @cached_property
+    @property
     def spark_schema(self) -> T.StructType:
+        """A fresh StructType on every access: pyspark's StructType.add mutates in place."""
         return parse_schema(self.metadata.schema_string)
 
     @cached_property
@@ -69,7 +72,7 @@ class Snapshot:
         except ValueError:
             return DEFAULT_CHECKPOINT_INTERVAL
 
-    @cached_property
+    @property
     def data_schema(self) -> T.StructType:
         """The table schema without partition columns: what the Parquet files hold."""
         parts = {c.lower() for c in self.partition_columns}
@@ -103,6 +106,10 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
     from deltalake.exceptions import TableNotFoundError as RsTableNotFoundError
 
     table_uri, root = normalize_table(table)
+    if any(c in root for c in _UNREADABLE_ROOT_CHARS):
+        raise DeltaError(
+            f"Table root {root!r} contains one of {' '.join(_UNREADABLE_ROOT_CHARS)}, which deltalake cannot open"
+        )
     if not os.path.isdir(os.path.join(root, "_delta_log")):
         raise TableNotFoundError(f"No Delta table at {root} (no _delta_log folder)")
     try:
