@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import structlog
 
@@ -44,7 +45,7 @@ def _wait_for_schema(manager: JobManager, timeout: float = SCHEMA_WAIT_SECONDS) 
         time.sleep(2.0)
 
 
-def _serve_http(app: object, host: str, port: int, settings: Settings) -> None:
+def _serve_http(app: Any, host: str, port: int, settings: Settings) -> None:
     import uvicorn
 
     config = uvicorn.Config(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False,
@@ -62,7 +63,7 @@ def cmd_migrate(settings: Settings) -> int:
     return 0
 
 
-def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, count: int) -> list:  # type: ignore[type-arg]
+def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, count: int) -> list[Any]:
     from service.worker import Worker
 
     return [Worker(settings, manager=manager, metrics=metrics) for _ in range(count)]

@@ -69,7 +69,7 @@ RECORD_COLUMNS = (
 )
 
 
-def _record(row: Row[Any]) -> JobRecord:
+def _record(row: Row[Any] | Any) -> JobRecord:
     m = row._mapping
     return JobRecord(
         id=m["id"],
@@ -229,7 +229,7 @@ class JobManager:
             raise JobNotFoundError(job_id)
         return spec
 
-    def list(
+    def list_jobs(
         self,
         *,
         status: Status | None = None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     text,
 )
@@ -91,4 +92,4 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
-jobs = Job.__table__
+jobs = cast(Table, Job.__table__)

@@ -128,7 +128,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> ProblemResponse:
-        detail = exc.detail if isinstance(exc.detail, str) else None
+        detail: str | None = exc.detail if isinstance(exc.detail, str) else None
         if detail == HTTPStatus(exc.status_code).phrase:
             detail = None
         return problem(exc.status_code, detail=detail, headers=dict(exc.headers or {}))

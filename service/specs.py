@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
@@ -29,7 +29,7 @@ from service.schemas import (
 
 _REQUEST = TypeAdapter(MergeRequest)
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])*(?:\.[^\s:]+)*):\s")
-GROUPS = (
+GROUPS: tuple[tuple[str, Literal["matched", "notMatched", "notMatchedBySource"], str], ...] = (
     ("when_matched", "matched", "MATCHED"),
     ("when_not_matched", "notMatched", "NOT MATCHED"),
     ("when_not_matched_by_source", "notMatchedBySource", "NOT MATCHED BY SOURCE"),

@@ -44,10 +44,19 @@ class TxnId:
 
 
 class RunResult(Protocol):
-    table_version: int | None
-    result: dict[str, int]
-    metrics: dict[str, int]
-    already_applied: bool
+    """What ``engine.MergeResult`` carries."""
+
+    @property
+    def table_version(self) -> int | None: ...
+
+    @property
+    def result(self) -> dict[str, int]: ...
+
+    @property
+    def metrics(self) -> dict[str, int]: ...
+
+    @property
+    def already_applied(self) -> bool: ...
 
 
 ProgressCallback = Callable[[str], None]
@@ -97,7 +106,7 @@ class EngineRunner:
         spark = self.session()
         spark.addTag(tag)
         try:
-            return engine.run_merge(  # type: ignore[no-any-return]
+            return engine.run_merge(
                 spark,
                 built.spec,
                 txn=engine.AppTransaction(app_id=txn.app_id, version=txn.version),

@@ -130,7 +130,7 @@ def list_merges(
                                         max_length=1024)] = None,
 ) -> JobListOut:
     target_key = roots.resolve(target, "target") if target else None
-    items, next_cursor = manager.list(
+    items, next_cursor = manager.list_jobs(
         status=status, target_key=target_key, limit=min(limit, settings.list_limit_max), cursor=cursor
     )
     return JobListOut(items=[job_out(j) for j in items], next_cursor=next_cursor)

@@ -231,7 +231,7 @@ def test_body_over_the_limit_is_413(settings: Settings, target: str) -> None:
         yield b'"}'
 
     assert_problem(client.post("/merges", content=chunks(), headers={"content-type": "application/json"}), 413)
-    assert len(manager.list()[0]) == 0
+    assert len(manager.list_jobs()[0]) == 0
 
 
 def test_bearer_tokens(settings: Settings, target: str) -> None:
@@ -246,7 +246,7 @@ def test_bearer_tokens(settings: Settings, target: str) -> None:
         assert response.headers["www-authenticate"].startswith("Bearer")
         assert_problem(client.get("/merges", headers=headers), 401)
         assert_problem(client.get("/merges/x", headers=headers), 401)
-    assert len(manager.list()[0]) == 0
+    assert len(manager.list_jobs()[0]) == 0
     ok = client.post("/merges", json=spec(target), headers={"Authorization": "Bearer other"})
     assert ok.status_code == 202
     assert client.get("/healthz").status_code == 200

@@ -52,7 +52,7 @@ def test_idempotency_key(store: JobManager) -> None:
     assert created and not created_again and again.id == first.id
     with pytest.raises(IdempotencyConflictError):
         store.submit(new(idempotency_key="k1", request_hash="h2"))
-    assert len(store.list()[0]) == 1
+    assert len(store.list_jobs()[0]) == 1
 
 
 def test_idempotency_key_race(store: JobManager) -> None:
@@ -78,18 +78,18 @@ def test_list_newest_first_with_cursor_and_filters(store: JobManager, clock: Fak
     seen: list[str] = []
     cursor = None
     while True:
-        page, cursor = store.list(limit=3, cursor=cursor)
+        page, cursor = store.list_jobs(limit=3, cursor=cursor)
         seen += [j.id for j in page]
         if cursor is None:
             break
     assert seen == sorted(ids, key=lambda i: (store.get(i).submitted_at, i), reverse=True)
-    only_a, _ = store.list(target_key="/lake/a")
+    only_a, _ = store.list_jobs(target_key="/lake/a")
     assert [j.id for j in only_a] == [i for i in reversed(ids) if store.get(i).target == "/lake/a"]
     store.request_cancel(ids[0], problem=CANCELLED)
-    cancelled, _ = store.list(status=Status.CANCELLED)
+    cancelled, _ = store.list_jobs(status=Status.CANCELLED)
     assert [j.id for j in cancelled] == [ids[0]]
     with pytest.raises(InvalidCursorError):
-        store.list(cursor="not-a-cursor")
+        store.list_jobs(cursor="not-a-cursor")
 
 
 def test_claim_follows_per_table_submission_order(store: JobManager) -> None:
