@@ -10,6 +10,19 @@ import structlog
 _configured = False
 
 
+class _StderrLogger:
+    """Writes each rendered line to whatever ``sys.stderr`` is now (it may be replaced after start-up)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = err = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_args: object) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
     global _configured
     if _configured:
@@ -30,6 +43,6 @@ def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=True,
     )
