@@ -1,0 +1,117 @@
+"""A worker process for the crash, order and restart tests: the real Worker and job store, with a runner that
+keeps each table's commits in a ledger file and honours a Delta-style ``txn`` (app id, version) the way the
+engine does, so exactly-once can be checked across real processes killed with SIGKILL.
+
+Environment: the ``MERGE_SERVICE_*`` settings, ``LEDGER_DIR``, ``CRASH_AT`` (JSON: target -> phase at which
+the first attempt of a job on that target stops dead, waiting to be killed), ``STEP_SECONDS`` (time per phase).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.jobs import ClaimedJob
+from service.logs import configure_logging
+from service.settings import Settings
+from service.worker import TxnId, Worker
+
+PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")
+
+
+@dataclass
+class Result:
+    table_version: int | None
+    result: dict[str, int] = field(default_factory=lambda: {"num_affected_rows": 1})
+    metrics: dict[str, int] = field(default_factory=lambda: {"numSourceRows": 1})
+    already_applied: bool = False
+
+
+def table_name(target_key: str) -> str:
+    return target_key.strip("/").replace("/", "_")
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class LedgerRunner:
+    def __init__(self, directory: Path, crash_at: dict[str, str], step: float) -> None:
+        self.dir = directory
+        self.crash_at = crash_at
+        self.step = step
+
+    def _violation(self, text: str) -> None:
+        with open(self.dir / "violations", "a") as f:
+            f.write(text + "\n")
+
+    def _maybe_crash(self, job: ClaimedJob, phase: str) -> None:
+        if job.lease.attempt == 1 and self.crash_at.get(job.target_key) == phase:
+            (self.dir / f"{job.lease.job_id}.{phase}").touch()
+            while True:  # wait here to be killed, holding the lease until it expires
+                time.sleep(60)
+
+    def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Callable[[str], None], tag: str) -> Result:
+        name = table_name(job.target_key)
+        with open(self.dir / f"{name}.running", "a") as running:
+            try:
+                fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._violation(f"two jobs ran at once on {job.target_key}")
+            for phase in PHASES:
+                on_progress(phase)
+                self._maybe_crash(job, phase)
+                time.sleep(self.step)
+            with open(self.dir / f"{name}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                ledger_path = self.dir / f"{name}.ledger"
+                entries = read_ledger(ledger_path)
+                for version, entry in enumerate(entries):
+                    if entry["app_id"] == txn.app_id and entry["txn"] == txn.version:
+                        return Result(table_version=version, already_applied=True)
+                if entries and entries[-1]["txn"] > txn.version:
+                    self._violation(f"{job.lease.job_id} (seq {txn.version}) ran after seq {entries[-1]['txn']}")
+                with open(ledger_path, "a") as ledger:
+                    ledger.write(json.dumps({"app_id": txn.app_id, "txn": txn.version, "job": job.lease.job_id,
+                                             "attempt": job.lease.attempt}) + "\n")
+                    ledger.flush()
+                    os.fsync(ledger.fileno())
+                version = len(entries)
+            self._maybe_crash(job, "after_commit")
+            return Result(table_version=version)
+
+    def interrupt(self, tag: str) -> None:
+        pass
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, "ok"
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    settings = Settings()
+    configure_logging("WARNING")
+    runner = LedgerRunner(Path(os.environ["LEDGER_DIR"]), json.loads(os.environ.get("CRASH_AT", "{}")),
+                          float(os.environ.get("STEP_SECONDS", "0")))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    worker = Worker(settings, runner=runner)
+    worker.start()
+    stop.wait()
+    worker.stop(timeout=float(os.environ.get("STOP_TIMEOUT", "0.5")))
+
+
+if __name__ == "__main__":
+    main()

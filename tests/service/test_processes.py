@@ -1,0 +1,136 @@
+"""Real worker processes: SIGKILL in every phase (and right after the commit, before the row is updated),
+per-table order with three workers on PostgreSQL, and a restart with jobs queued and running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from service.jobs import NewJob, Status
+from service.manager import JobManager
+from tests.service.conftest import wait_until
+from tests.service.proc_worker import read_ledger, table_name
+
+ROOT = Path(__file__).resolve().parents[2]
+CRASH_PHASES = ("preparing_source", "finding_touched_files", "writing", "committing", "after_commit")
+
+
+class Workers:
+    def __init__(self, database_url: str, ledger: Path) -> None:
+        self.database_url = database_url
+        self.ledger = ledger
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *, crash_at: dict[str, str] | None = None, step: float = 0.0) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "MERGE_SERVICE_DATABASE_URL": self.database_url,
+            "MERGE_SERVICE_LEASE_SECONDS": "1.5",
+            "MERGE_SERVICE_HEARTBEAT_SECONDS": "0.3",
+            "MERGE_SERVICE_POLL_INTERVAL_SECONDS": "0.02",
+            "MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.05",
+            "MERGE_SERVICE_MAX_ATTEMPTS": "4",
+            "LEDGER_DIR": str(self.ledger),
+            "CRASH_AT": json.dumps(crash_at or {}),
+            "STEP_SECONDS": str(step),
+        }
+        proc = subprocess.Popen([sys.executable, "-m", "tests.service.proc_worker"], cwd=ROOT, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def workers(database_url: str, tmp_path: Path) -> Iterator[Workers]:
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    group = Workers(database_url, ledger)
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture
+def jobs_db(database_url: str) -> Iterator[JobManager]:
+    manager = JobManager.from_url(database_url, lease_seconds=1.5)
+    manager.migrate()
+    yield manager
+    manager.dispose()
+
+
+def submit(manager: JobManager, target: str) -> str:
+    return manager.submit(NewJob(target=target, target_key=target, spec={}, dry_run=False))[0].id
+
+
+def assert_exactly_once(manager: JobManager, ledger: Path, job_ids: dict[str, list[str]]) -> None:
+    assert not (ledger / "violations").exists(), (ledger / "violations").read_text()
+    for target, ids in job_ids.items():
+        entries = read_ledger(ledger / f"{table_name(target)}.ledger")
+        assert [e["job"] for e in entries] == ids, f"{target}: the ledger holds each job once, in order"
+        for version, job_id in enumerate(ids):
+            job = manager.get(job_id)
+            assert job.status is Status.SUCCEEDED, job
+            assert job.table_version == version
+
+
+@pytest.mark.slow
+def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: JobManager,
+                                                                       workers: Workers) -> None:
+    crash_at = {f"/lake/{phase}": phase for phase in CRASH_PHASES}
+    ids = {target: [submit(jobs_db, target)] for target in crash_at}
+    doomed = [workers.start(crash_at=crash_at) for _ in CRASH_PHASES]
+    markers = [workers.ledger / f"{ids[t][0]}.{p}" for t, p in crash_at.items()]
+    wait_until(lambda: all(m.exists() for m in markers), timeout=60)
+    for proc in doomed:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    for target, phase in crash_at.items():  # the rows still say the dead workers hold them
+        job = jobs_db.get(ids[target][0])
+        assert job.status is Status.RUNNING and job.phase.value == ("committing" if phase == "after_commit"
+                                                                     else phase)
+    workers.start(crash_at=crash_at)
+    wait_until(lambda: all(jobs_db.get(i[0]).finished for i in ids.values()), timeout=60)
+    assert_exactly_once(jobs_db, workers.ledger, ids)
+    for target in crash_at:
+        assert jobs_db.get(ids[target][0]).attempts == 2
+
+
+@pytest.mark.slow
+def test_three_workers_keep_per_table_order_through_a_restart(jobs_db: JobManager, workers: Workers) -> None:
+    if jobs_db.engine.dialect.name != "postgresql":
+        pytest.skip("the multi-process order test runs on PostgreSQL")
+    tables = [f"/lake/t{i}" for i in range(5)]
+    ids: dict[str, list[str]] = {t: [] for t in tables}
+    for i in range(150):
+        target = tables[(i * 7 + i // 5) % 5]  # interleaved, uneven
+        ids[target].append(submit(jobs_db, target))
+    first = [workers.start(step=0.005) for _ in range(3)]
+
+    def done() -> int:
+        return sum(1 for t in tables for _ in read_ledger(workers.ledger / f"{table_name(t)}.ledger"))
+
+    wait_until(lambda: done() >= 50, timeout=60)
+    first[0].send_signal(signal.SIGKILL)  # a crash...
+    first[1].send_signal(signal.SIGTERM)  # ...and a graceful stop, with jobs queued and running
+    first[0].wait()
+    first[1].wait(timeout=20)
+    workers.start(step=0.005)
+    workers.start(step=0.005)
+    wait_until(lambda: all(jobs_db.get(i).finished for t in tables for i in ids[t]), timeout=120)
+    assert_exactly_once(jobs_db, workers.ledger, ids)
