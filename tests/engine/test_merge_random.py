@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
@@ -207,13 +207,13 @@ def merges(draw: st.DrawFn) -> dict[str, Any]:
             result.append(ModelClause(kind, action, cond, assign, assign_sql))
         return result
 
-    clauses = (group("matched", ["update_all", "update", "delete"], {"source", "target", "both"})
-               + group("notMatched", ["insert_all", "insert"], {"source"})
-               + group("notMatchedBySource", ["update", "delete"], {"target"}))
+    # Clause groups are independent of each other; only the order within a group matters.
+    groups = [group("matched", ["update_all", "update", "delete"], {"source", "target", "both"}),
+              group("notMatched", ["insert_all", "insert"], {"source"}),
+              group("notMatchedBySource", ["update", "delete"], {"target"})]
+    clauses = [c for g in draw(st.permutations(groups)) for c in g]
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
-    # Clause groups are independent; their order in the spec must not matter.
-    clauses = draw(st.permutations(clauses))
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
             "partitioned": partitioned}
 
@@ -232,10 +232,14 @@ _counter = itertools.count()
 
 @pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          # Each example runs two real merges: shrinking would take longer than the failure is worth.
+          phases=[Phase.explicit, Phase.reuse, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
 @given(case=merges())
 def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
+    note(f"case: {case!r}")
+    note(f"clauses: {[(c.kind, c.action, c.cond.sql if c.cond else None, c.assign_sql) for c in case['clauses']]}")
     root = tmp_path / f"case{next(_counter)}"
     columns, types = case["columns"], case["types"]
     target_rows, source_rows = case["target"], case["source"]
