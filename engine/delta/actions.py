@@ -6,6 +6,7 @@ Field names are snake_case here and Delta's camelCase in the log; ``to_action()`
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -116,6 +117,8 @@ def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
 def _nested_json(values: Mapping[str, Any]) -> str:
     items = []
     for key, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # not representable in JSON; a missing statistic is always safe
         text = _nested_json(value) if isinstance(value, Mapping) else stat_value_json(value)
         items.append(json.dumps(key, ensure_ascii=False) + ":" + text)
     return "{" + ",".join(items) + "}"

@@ -101,8 +101,8 @@ def _convert(value: Any, dtype: T.DataType) -> Any:
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
     if isinstance(dtype, FLOAT_TYPES):
         number = float(value)
-        if math.isnan(number):
-            return None
+        if not math.isfinite(number):
+            return None  # JSON has no NaN or infinities; a missing bound is always safe
         return round_float32(number) if isinstance(dtype, T.FloatType) else number
     if isinstance(dtype, T.DecimalType):
         if isinstance(value, Decimal):

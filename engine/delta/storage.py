@@ -81,12 +81,18 @@ class LocalStorage:
     def put_if_absent(self, key: str, data: bytes) -> None:
         final = self._path(key)
         folder = os.path.dirname(final)
-        os.makedirs(folder, exist_ok=True)
         temp = os.path.join(folder, f".{os.path.basename(final)}.{uuid.uuid4().hex}.tmp")
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            # Not FileExistsError: only the final name being taken may read as "exists".
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise OSError(errno.EIO, f"Cannot stage {final}: {exc}") from exc
         try:
             os.link(temp, final)
         except FileExistsError:

@@ -218,6 +218,8 @@ class Transaction:
             raise CommitFailedError(
                 f"Commit {version} of {self.snapshot.root} vanished while checking for conflicts"
             ) from exc
+        except OSError as exc:
+            raise CommitFailedError(f"Cannot read commit {version} of {self.snapshot.root}: {exc}") from exc
         return parse_commit(version, text, self.snapshot.spark_schema)
 
     def _check_conflicts(self, winner: CommitEntry, actions: Sequence[CommitAction]) -> None:
