@@ -141,17 +141,23 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
         created_time=meta_rs.created_time,
     )
     schema = parse_schema(metadata.schema_string)
-    files, has_dvs = _files(dt, schema, metadata.partition_columns)
+    files = _files(dt, schema, metadata.partition_columns)
+    has_dvs = "deletionVectors" in (protocol.reader_features or ()) and _has_deletion_vectors(dt)
     return Snapshot(table_uri=table_uri, root=root, version=int(dt.version()), metadata=metadata,
                     protocol=protocol, files=files, has_deletion_vectors=has_dvs, _table=dt)
 
 
-def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[tuple[AddFile, ...], bool]:
+def _has_deletion_vectors(dt: Any) -> bool:
+    """Whether any live file has a deletion vector. deltalake's add actions do not show them, so ask for the
+    vectors themselves (only for tables whose protocol allows them); failing to tell counts as yes."""
+    try:
+        return pa.table(dt.deletion_vectors()).num_rows > 0
+    except Exception:
+        return True
+
+
+def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[AddFile, ...]:
     table = pa.table(dt.get_add_actions(flatten=False))
-    names = set(table.column_names)
-    has_dvs = False
-    if "deletionVector" in names:
-        has_dvs = any(v is not None for v in table.column("deletionVector").to_pylist())
     part_types = {c: (_field(schema, c) or T.StringType()) for c in partition_columns}
     leaves = list(leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types])))
     rows = table.to_pylist()
@@ -175,7 +181,7 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
             data_change=True,
             stats=stats,
         ))
-    return tuple(files), has_dvs
+    return tuple(files)
 
 
 def _field(schema: T.StructType, name: str) -> T.DataType | None:
