@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 ENGINE_INFO = "merge-service/0.1.0"
 ISOLATION_LEVEL = "WriteSerializable"
 LOG_DIR = "_delta_log"
+_COMMIT_NAME = re.compile(r"^\d{20}\.json$")
 
 CommitAction = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol
 
@@ -120,10 +122,13 @@ class Transaction:
         new_metadata, new_protocol = self._validate(actions)
         body = self._serialize(actions, operation, operation_parameters, operation_metrics, is_blind_append,
                                new_metadata, new_protocol)
-        version = self.read_version + 1
         checked_through = self.read_version
+        version = self.read_version + 1
         for attempt in range(1, max(1, max_attempts) + 1):
             self.attempts = attempt
+            # Commits that landed since our snapshot (all of them, not only the one that beat us last time,
+            # so a long-running transaction does not spend its attempts catching up).
+            version = max(version, self._latest_version(storage) + 1)
             for winner in range(checked_through + 1, version):
                 self._check_conflicts(self._read_winner(storage, winner), actions)
             checked_through = version - 1
@@ -210,6 +215,14 @@ class Transaction:
             lines.append(SetTransaction(app_id, version, now).to_action())
         lines.extend(a.to_action() for a in actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
         return actions_to_json_lines(lines)
+
+    def _latest_version(self, storage: Storage) -> int:
+        try:
+            names = storage.list(LOG_DIR)
+        except OSError as exc:
+            raise CommitFailedError(f"Cannot list the log of {self.snapshot.root}: {exc}") from exc
+        versions = [int(n[:20]) for n in names if _COMMIT_NAME.match(n)]
+        return max(versions, default=self.read_version)
 
     def _read_winner(self, storage: Storage, version: int) -> CommitEntry:
         try:
