@@ -80,11 +80,6 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
         used["icebergCompat"] = "delta.universalFormat.enabledFormats"
     if str(config.get("delta.checkpointPolicy", "classic")).lower() == "v2":
         used["v2Checkpoint"] = "delta.checkpointPolicy = v2"
-    for key in config:
-        if key.startswith("delta.feature.") and str(config[key]).lower() in ("supported", "enabled"):
-            name = key[len("delta.feature."):]
-            if name not in IMPLEMENTED_FEATURES:
-                used.setdefault(name, key)
 
     try:
         schema_json = json.loads(metadata.schema_string)

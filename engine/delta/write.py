@@ -108,9 +108,13 @@ def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField]
     return out
 
 
-def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: Sequence[str]) -> None:
+def _check_fresh(out_dir: str) -> None:
+    """Refuse a folder that holds files: they may belong to another (even committed) write."""
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise InvalidWriteError(f"{out_dir} already holds files: every write needs a new write_id")
+
+
+def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: Sequence[str]) -> None:
     writer = df.write.mode("overwrite").format("parquet")
     if partition_columns:
         writer = writer.partitionBy(*partition_columns)
@@ -182,6 +186,7 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
                              else partition_columns)
     conformed = _conform(df, target)
     out_dir = os.path.join(snapshot.root, write_id)
+    _check_fresh(out_dir)
     try:
         _write(spark, conformed, out_dir, list(parts))
         written = _list_written(snapshot.root, write_id, parts, _session_tz(spark))
@@ -201,7 +206,7 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
                 stats=stats_from_footer(footer, data_schema, snapshot.configuration),
             ))
     except BaseException:
-        discard_write(snapshot, write_id)
+        snapshot.storage.delete(write_id)
         raise
     return adds
 
@@ -216,6 +221,7 @@ def write_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, w
     conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
     rel_dir = f"{CHANGE_DATA_DIR}/{write_id}"
     out_dir = os.path.join(snapshot.root, CHANGE_DATA_DIR, write_id)
+    _check_fresh(out_dir)
     try:
         _write(spark, conformed, out_dir, list(parts))
         written = _list_written(snapshot.root, rel_dir, parts, _session_tz(spark))

@@ -202,6 +202,7 @@ def test_schema_checks_and_write_ids(spark: SparkSession, lake: Path) -> None:
     assert adds[0].stats is not None and adds[0].stats.max_values["added"] == dt.date(2024, 1, 1)
     with pytest.raises(InvalidWriteError, match="new write_id"):
         write_data_files(spark, spark.sql("SELECT 1L AS id, 'a' AS v"), snapshot, write_id="x4")
+    assert any((table / "x4").rglob("*.parquet"))  # the earlier write's files are untouched
     discard_write(snapshot, "x4")
     discard_write(snapshot, "x5")
     assert not (table / "x4").exists() and not (table / "x5").exists()
