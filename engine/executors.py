@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from engine import delta
 from engine.errors import MultipleMatchError
@@ -219,7 +220,8 @@ class ClassicMergeExecutor:
                 changes = rows.where(F.col(CDC_TYPE_COL).isNotNull())
                 if ctx.snapshot.partition_columns:
                     changes = changes.repartition(*[F.col(c) for c in ctx.snapshot.partition_columns])
-                cdc_files = delta.write_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=ctx.write_id)
+                cdc_files = delta.write_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=ctx.write_id,
+                                                  schema=output_schema(ctx))
             finally:
                 rows.unpersist()
         else:
@@ -278,9 +280,9 @@ def write_output(ctx: MergeContext, output: DataFrame) -> list[Any]:
     partition_columns = list(ctx.snapshot.partition_columns)
     if partition_columns:
         output = output.repartition(*[F.col(c) for c in partition_columns])
-    schema = None
-    if ctx.resolved.schema_changed:
-        from pyspark.sql.types import StructType
+    return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx))
 
-        schema = StructType(ctx.resolved.output_fields)
-    return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=schema)
+
+def output_schema(ctx: MergeContext) -> StructType | None:
+    """The table schema after schema evolution, or None when the merge keeps the table's."""
+    return StructType(ctx.resolved.output_fields) if ctx.resolved.schema_changed else None

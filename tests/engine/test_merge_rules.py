@@ -1,0 +1,162 @@
+"""Delta's rules beyond the clause cases: casts, schema evolution, dry runs, idempotent commits, SQL text,
+and every error path leaving the table as it was."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from engine import AppTransaction, MergeSpec, RowsSource, parse_merge_sql, run_merge
+from engine.errors import (
+    DataCastError,
+    MergeResolutionError,
+    MergeSpecError,
+    SchemaMismatchError,
+)
+from tests.engine.harness import clause, make_spec, rows, write_table
+from tests.engine.test_merge import SOURCE, TARGET
+
+UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+
+
+def files_under(path: Path) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs}
+
+
+def unchanged(path: Path, before: set[str]) -> None:
+    assert DeltaTable(str(path)).version() == 0
+    assert files_under(path) == before
+
+
+def test_cast_overflow_fails_and_leaves_the_table(spark: SparkSession, tmp_path: Path) -> None:
+    ids = pa.array([1], pa.int64())
+    target = write_table(tmp_path / "t", pa.table({"id": ids, "small": pa.array([1], pa.int8())}))
+    source = write_table(tmp_path / "s", pa.table({"id": ids, "small": pa.array([300], pa.int64())}))
+    before = files_under(target)
+    with pytest.raises(DataCastError):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
+    unchanged(target, before)
+
+
+def test_string_is_not_stored_into_a_number(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    with pytest.raises(MergeResolutionError, match="ANSI store assignment"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.v")]))
+
+
+def test_update_all_without_evolution_needs_every_target_column(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE.drop_columns(["n"]))
+    before = files_under(target)
+    with pytest.raises(MergeResolutionError, match="UPDATE SET \\*"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
+    unchanged(target, before)
+
+
+def test_schema_evolution_adds_source_columns(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    wider = SOURCE.drop_columns(["n"]).append_column("extra", pa.array([True, False, None]))
+    source = write_table(tmp_path / "s", wider)
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
+    assert result.table_version == 1
+    table = DeltaTable(str(target))
+    assert [f.name for f in table.schema().fields] == ["id", "v", "n", "extra"]
+    assert rows(target) == [
+        (1, "a", 10, None),
+        (2, "B", 20, True),  # target-only columns keep their value on UPDATE *
+        (3, "C", 30, False),
+        (4, "d", None, None),
+        (5, "E", None, None),  # ... and are NULL on INSERT *
+    ]
+
+
+def test_incompatible_schema_evolution_fails(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE.set_column(2, "n", pa.array(["x", "y", "z"])))
+    before = files_under(target)
+    with pytest.raises(SchemaMismatchError, match="Failed to merge incompatible data types"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
+    unchanged(target, before)
+
+
+def test_dry_run_commits_nothing_and_leaves_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    before = files_under(target)
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT), dry_run=True)
+    assert result.table_version is None
+    assert result.result["num_affected_rows"] == 3
+    assert result.metrics["numTargetFilesAdded"] >= 1
+    unchanged(target, before)
+
+
+def test_an_applied_txn_is_not_applied_again(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    txn = AppTransaction("merge-service-test", 7)
+    first = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT), txn=txn)
+    assert first.table_version == 1 and not first.already_applied
+    again = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT), txn=txn)
+    assert again.already_applied
+    assert again.table_version == 1
+    assert DeltaTable(str(target)).version() == 1
+    assert DeltaTable(str(target)).transaction_version("merge-service-test") == 7
+
+
+def test_nothing_to_change_commits_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([42], pa.int64()), "v": ["x"],
+                                                   "n": pa.array([1], pa.int64())}))
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "delete")]))
+    assert result.table_version is None
+    assert result.result["num_affected_rows"] == 0
+    assert DeltaTable(str(target)).version() == 0
+
+
+def test_sql_text_with_a_query_source(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    spec = parse_merge_sql(
+        f"MERGE INTO delta.`{target}` AS t USING (SELECT id, upper(v) AS v, n FROM delta.`{source}` WHERE id > 2) AS s "
+        "ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"
+    )
+    result = run_merge(spark, spec)
+    assert result.result == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
+                             "num_inserted_rows": 1}
+    assert rows(target, ["id", "v"]) == [(1, "a"), (2, "b"), (3, "C"), (4, "d"), (5, "E")]
+    assert spark.catalog.listTables() == [] or all(not t.name.startswith("__merge_source") for t in
+                                                   spark.catalog.listTables())
+
+
+def test_inline_rows_source(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    rows_source = RowsSource([{"id": "3", "v": "q", "n": "7"}], "id BIGINT, v STRING, n BIGINT")
+    spec = MergeSpec(target=str(target), source=rows_source,
+                     on="t.id = s.id", target_alias="t", source_alias="s",
+                     matched=(clause("matched", "update_all"),))
+    assert run_merge(spark, spec).result["num_updated_rows"] == 1
+    assert (3, "q", 7) in rows(target)
+
+
+@pytest.mark.parametrize(
+    ("clauses", "error"),
+    [
+        ([clause("matched", "update", v="s.missing")], MergeResolutionError),
+        ([clause("notMatchedBySource", "update", v="s.v")], MergeResolutionError),
+        ([clause("matched", "delete"), clause("matched", "delete", "s.n > 1")], MergeSpecError),
+        ([clause("matched", "update", "s.v", v="s.v")], MergeResolutionError),  # a condition must be boolean
+    ],
+)
+def test_error_paths_leave_the_table(spark: SparkSession, tmp_path: Path, clauses: list, error: type) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    before = files_under(target)
+    with pytest.raises(error):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
+    unchanged(target, before)
