@@ -257,8 +257,9 @@ class JobManager:
             next_cursor = encode_cursor(items[-1].submitted_at, items[-1].id)
         return items, next_cursor
 
-    def request_cancel(self, job_id: str, *, problem: dict[str, Any]) -> JobRecord:
-        """A queued job is cancelled at once; a running one is flagged for its worker's next safe point."""
+    def request_cancel(self, job_id: str, *, problem: dict[str, Any]) -> tuple[JobRecord, bool]:
+        """A queued job is cancelled at once; a running one is flagged for its worker's next safe point.
+        Answers the job and whether this call ended it."""
         with self._tx(write=True) as conn:
             now = self.clock()
             done = conn.execute(
@@ -281,7 +282,7 @@ class JobManager:
             row = conn.execute(select(*RECORD_COLUMNS).where(jobs.c.id == job_id)).first()
         if row is None:
             raise JobNotFoundError(job_id)
-        return _record(row)
+        return _record(row), bool(done)
 
     def queue_stats(self) -> QueueStats:
         with self._tx(write=False) as conn:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+import sqlglot
 from pydantic import TypeAdapter
 
 import engine
@@ -27,6 +29,7 @@ from service.schemas import (
     UpdateClause,
 )
 
+T = TypeVar("T")
 _REQUEST = TypeAdapter(MergeRequest)
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])*(?:\.[^\s:]+)*):\s")
 GROUPS: tuple[tuple[str, Literal["matched", "notMatched", "notMatchedBySource"], str], ...] = (
@@ -59,14 +62,14 @@ def field_of(message: str, default: str, prefix: str = "") -> str:
 
 def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> BuiltMerge:
     if isinstance(body, SqlMergeIn):
-        spec, target = _from_sql(body, roots)
+        spec, target = _guard(body, lambda: _from_sql(body, roots))
         dry_run = False
     else:
         spec = _from_structured(body, roots)
         target = body.target
         dry_run = body.dry_run
     try:
-        spec = engine.validate_spec(spec)
+        spec = _guard(body, lambda: engine.validate_spec(spec))
     except engine_errors.MergeSpecError as exc:
         message = str(exc)
         if isinstance(body, SqlMergeIn):
@@ -77,6 +80,41 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
         raise RequestValidationProblem(field, message, title=exc.title) from exc
     _check_rows(spec)
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
+
+
+def _guard(body: StructuredMergeIn | SqlMergeIn, step: Callable[[], T]) -> T:
+    """A parser that fails on input it should have refused is still the caller's input: 422, not 500."""
+    try:
+        return step()
+    except (engine_errors.MergeServiceEngineError, RequestValidationProblem):
+        raise
+    except Exception as exc:
+        field = "sql" if isinstance(body, SqlMergeIn) else _unparseable_field(body)
+        raise RequestValidationProblem(
+            field, f"{field}: cannot parse this as Spark SQL ({type(exc).__name__})."
+        ) from exc
+
+
+def _unparseable_field(body: StructuredMergeIn) -> str:
+    """The first expression sqlglot cannot read on its own."""
+    for field, text in _expressions(body):
+        try:
+            sqlglot.parse_one(text, dialect="spark")
+        except Exception:
+            return field
+    return "body"
+
+
+def _expressions(body: StructuredMergeIn) -> list[tuple[str, str]]:
+    found = [("on", body.on)]
+    for name, _, _ in GROUPS:
+        for index, clause in enumerate(getattr(body, name)):
+            if clause.condition is not None:
+                found.append((f"{name}[{index}].condition", clause.condition))
+            for key in ("set", "values"):
+                for column, value in (getattr(clause, key, None) or {}).items():
+                    found.append((f"{name}[{index}].{key}.{column}", value))
+    return found
 
 
 def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:

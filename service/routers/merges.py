@@ -165,9 +165,11 @@ def get_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
         **COMMON_ERRORS,
     },
 )
-def cancel_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
-    job = manager.request_cancel(
+def cancel_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep, metrics: MetricsDep) -> Response:
+    job, ended = manager.request_cancel(
         job_id, problem=cancelled_problem("The job was cancelled before it started; the table is unchanged.")
     )
+    if ended:
+        metrics.jobs_finished.labels("cancelled").inc()
     log.info("job cancel requested", job_id=job.id, status=job.status.value)
     return _job_response(job, 202)

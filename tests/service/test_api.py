@@ -111,6 +111,7 @@ def test_sql_body_and_file_uri(client: TestClient, target: str, lake: Path) -> N
         ({"when_not_matched_by_source": [{"action": "update_all"}]}, "when_not_matched_by_source[0]"),
         ({"source_alias": "T"}, "source_alias"),
         ({"on": ""}, "on"),
+        ({"when_matched": [{"action": "update", "set": {"amount": "{#"}}]}, "when_matched[0].set.amount"),
         ({"surprise": 1}, "surprise"),
         ({"source": {"format": "avro", "path": "/x"}}, "source.format"),
         ({"source": {"rows": [{"id": 1}, {"id": "x"}], "schema": "id BIGINT"}}, "source.rows[1].id"),
@@ -206,6 +207,9 @@ def test_cancel(client: TestClient, target: str) -> None:
     body = response.json()
     assert body["status"] == "cancelled" and body["error"]["title"] == "Merge cancelled"
     assert "retry-after" not in response.headers
+    assert 'merge_jobs_finished_total{outcome="cancelled"} 1.0' in client.get("/metrics").text
+    again = client.post(f"/merges/{job['id']}/cancel")
+    assert again.status_code == 202 and again.json() == body
     assert_problem(client.post("/merges/unknown/cancel"), 404)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from fastapi import FastAPI
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -49,7 +49,8 @@ def test_api_conforms_to_its_openapi(fuzz_app: FastAPI) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                  phases=[Phase.explicit, Phase.generate])  # bounded: report failures unshrunk
         def check(case: schemathesis.Case) -> None:
             case.call_and_validate(checks=CHECKS)
 

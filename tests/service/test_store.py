@@ -220,17 +220,17 @@ def test_cancel_queued_and_running(store: JobManager) -> None:
     assert claimed is not None and claimed.lease.job_id == queued.id
     # a queued job is cancelled at once
     other = store.submit(new("/lake/c"))[0]
-    cancelled = store.request_cancel(other.id, problem=CANCELLED)
-    assert cancelled.status is Status.CANCELLED and cancelled.finished_at is not None
+    cancelled, ended = store.request_cancel(other.id, problem=CANCELLED)
+    assert ended and cancelled.status is Status.CANCELLED and cancelled.finished_at is not None
     # a running one is flagged for the worker
-    flagged = store.request_cancel(queued.id, problem=CANCELLED)
-    assert flagged.status is Status.RUNNING and flagged.cancel_requested
+    flagged, ended = store.request_cancel(queued.id, problem=CANCELLED)
+    assert not ended and flagged.status is Status.RUNNING and flagged.cancel_requested
     assert store.heartbeat(claimed.lease) is True
     assert store.set_phase(claimed.lease, Phase.WRITING) is True
     store.cancel_running(claimed.lease, error=CANCELLED)
     assert store.get(queued.id).status is Status.CANCELLED
     # a finished job stays as it is
-    assert store.request_cancel(queued.id, problem=CANCELLED).status is Status.CANCELLED
+    assert store.request_cancel(queued.id, problem=CANCELLED) == (store.get(queued.id), False)
     with pytest.raises(JobNotFoundError):
         store.request_cancel("missing", problem=CANCELLED)
     assert store.get(running.id).status is Status.QUEUED
