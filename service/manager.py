@@ -474,11 +474,15 @@ class JobManager:
 
     def reclaim_expired(self, *, max_attempts: int, lost_problem: Callable[[int], dict[str, Any]]) -> list[str]:
         """Take back running jobs whose worker stopped renewing its lease: queue them again, or end them when
-        their attempts are spent or their cancellation was asked for. Answers the ids taken back."""
+        their attempts are spent or their cancellation was asked for. Answers the ids taken back.
+
+        A worker lost while ``committing`` may have landed its commit: such a job gets one attempt beyond the
+        limit, which finds its ``txn`` in the table and records the success, so a failed job never hides a
+        changed table."""
         taken: list[str] = []
         with self._tx(write=True) as conn:
             now = self.clock()
-            stmt = select(jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested).where(
+            stmt = select(jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.phase).where(
                 jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now
             )
             if not self._sqlite:
@@ -488,7 +492,9 @@ class JobManager:
                 if row.cancel_requested:
                     values: dict[str, Any] = {"status": Status.CANCELLED.value, "phase": Phase.DONE.value,
                                               "finished_at": now}
-                elif row.attempts >= max_attempts:
+                elif row.attempts > max_attempts or (
+                    row.attempts == max_attempts and row.phase != Phase.COMMITTING.value
+                ):
                     values = {"status": Status.FAILED.value, "phase": Phase.DONE.value, "finished_at": now}
                 else:
                     values = {"status": Status.QUEUED.value, "phase": Phase.QUEUED.value, "next_run_at": now}

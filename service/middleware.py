@@ -58,7 +58,8 @@ class BodyLimitMiddleware:
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problem(
-            413,
+            status=413,
+            instance=scope.get("path"),
             title="Request body too large",
             detail=f"The request body is larger than the limit of {self.limit} bytes.",
             type_="urn:merge-service:problem:body-too-large",

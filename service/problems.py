@@ -37,8 +37,8 @@ class ProblemResponse(JSONResponse):
 
 
 def problem(
-    status: int,
     *,
+    status: int,
     title: str | None = None,
     detail: str | None = None,
     type_: str = "about:blank",
@@ -95,48 +95,51 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
 def install_handlers(app: FastAPI) -> None:
     """Replace FastAPI's default error answers with problem documents."""
 
+    def answer(request: Request, status: int, **fields: Any) -> ProblemResponse:
+        return problem(status=status, instance=request.url.path, **fields)
+
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> ProblemResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> ProblemResponse:
         errors = _validation_errors(exc)
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-        return problem(422, title="Invalid request", detail=detail, type_=problem_type("invalid-request"),
-                       errors=errors)
+        return answer(request, 422, title="Invalid request", detail=detail,
+                      type_=problem_type("invalid-request"), errors=errors)
 
     @app.exception_handler(RequestValidationProblem)
-    async def _invalid_merge(_: Request, exc: RequestValidationProblem) -> ProblemResponse:
-        return problem(422, title=exc.title, detail=exc.message, type_=problem_type("invalid-merge"),
-                       errors=[{"field": exc.field, "message": exc.message}])
+    async def _invalid_merge(request: Request, exc: RequestValidationProblem) -> ProblemResponse:
+        return answer(request, 422, title=exc.title, detail=exc.message, type_=problem_type("invalid-merge"),
+                      errors=[{"field": exc.field, "message": exc.message}])
 
     @app.exception_handler(InvalidCursorError)
-    async def _cursor(_: Request, exc: InvalidCursorError) -> ProblemResponse:
-        return problem(422, title="Invalid cursor", detail=str(exc), type_=problem_type("invalid-request"),
-                       errors=[{"field": "query cursor", "message": str(exc)}])
+    async def _cursor(request: Request, exc: InvalidCursorError) -> ProblemResponse:
+        return answer(request, 422, title="Invalid cursor", detail=str(exc),
+                      type_=problem_type("invalid-request"), errors=[{"field": "query cursor", "message": str(exc)}])
 
     @app.exception_handler(JobNotFoundError)
-    async def _not_found(_: Request, exc: JobNotFoundError) -> ProblemResponse:
-        return problem(404, title="Job not found", detail=str(exc), type_=problem_type("job-not-found"))
+    async def _not_found(request: Request, exc: JobNotFoundError) -> ProblemResponse:
+        return answer(request, 404, title="Job not found", detail=str(exc), type_=problem_type("job-not-found"))
 
     @app.exception_handler(IdempotencyConflictError)
-    async def _conflict(_: Request, exc: IdempotencyConflictError) -> ProblemResponse:
-        return problem(409, title="Idempotency key reused", detail=str(exc),
-                       type_=problem_type("idempotency-conflict"))
+    async def _conflict(request: Request, exc: IdempotencyConflictError) -> ProblemResponse:
+        return answer(request, 409, title="Idempotency key reused", detail=str(exc),
+                      type_=problem_type("idempotency-conflict"))
 
     @app.exception_handler(DatabaseUnavailableError)
-    async def _db_down(_: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
-        return problem(503, title="Job database unavailable", detail=str(exc),
-                       type_=problem_type("database-unavailable"), headers={"Retry-After": "5"})
+    async def _db_down(request: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
+        return answer(request, 503, title="Job database unavailable", detail=str(exc),
+                      type_=problem_type("database-unavailable"), headers={"Retry-After": "5"})
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> ProblemResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
         detail: str | None = exc.detail if isinstance(exc.detail, str) else None
         if detail == HTTPStatus(exc.status_code).phrase:
             detail = None
-        return problem(exc.status_code, detail=detail, headers=dict(exc.headers or {}))
+        return answer(request, exc.status_code, detail=detail, headers=dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> ProblemResponse:
+    async def _unexpected(request: Request, exc: Exception) -> ProblemResponse:
         log.exception("unhandled error", error=repr(exc))
-        return problem(500, detail="The service failed to handle the request.")
+        return answer(request, 500, detail="The service failed to handle the request.")
 
 
 # --- the ``error`` of a job -------------------------------------------------------------------------------------

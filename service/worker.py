@@ -410,7 +410,9 @@ class Worker:
                                    delay_seconds=0)
                 log.info("job handed back to the queue at shutdown")
                 return "retry"
-            if is_retryable(exc) and lease.attempt < self.settings.max_attempts:
+            # A commit whose outcome is unknown gets one attempt beyond the limit: it finds its txn if it landed.
+            limit = self.settings.max_attempts + (1 if isinstance(exc, engine_errors.CommitStateUnknownError) else 0)
+            if is_retryable(exc) and lease.attempt < limit:
                 delay = backoff_seconds(lease.attempt, self.settings)
                 status = self.manager.retry(lease, error=problem, delay_seconds=delay)
                 log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3),

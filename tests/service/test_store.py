@@ -213,6 +213,17 @@ def test_reclaim_gives_up_after_max_attempts(store: JobManager, clock: FakeClock
     assert final.error["title"] == "Worker lease lost"
 
 
+def test_a_lease_lost_while_committing_gets_one_more_attempt(store: JobManager, clock: FakeClock) -> None:
+    job = store.submit(new())[0]
+    for attempt in (1, 2, 3):
+        claimed = store.claim("w")
+        assert claimed is not None and claimed.lease.attempt == attempt
+        store.set_phase(claimed.lease, Phase.COMMITTING)
+        clock.advance(31)
+        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem)
+    assert store.get(job.id).status is Status.FAILED and store.get(job.id).attempts == 3
+
+
 def test_cancel_queued_and_running(store: JobManager) -> None:
     queued = store.submit(new("/lake/a"))[0]
     running = store.submit(new("/lake/b"))[0]

@@ -148,6 +148,20 @@ def test_transient_errors_give_up_after_max_attempts(settings: Settings, manager
     assert "gave up after 3 attempts" in job.error["detail"]  # type: ignore[index]
 
 
+def test_unknown_commit_state_gets_one_attempt_past_the_limit(settings: Settings, manager: JobManager) -> None:
+    job_id = submit(manager)
+
+    def unknown(job: ClaimedJob, phase: str) -> None:
+        if phase == "committing" and job.lease.attempt <= settings.max_attempts:
+            raise engine_errors.CommitStateUnknownError("the log write timed out")
+
+    runner = FakeRunner(unknown)
+    worker = make_worker(settings, manager, runner)
+    wait_until(lambda: (worker.run_once() and False) or manager.get(job_id).finished, timeout=5)
+    job = manager.get(job_id)
+    assert (job.status, job.attempts) == (Status.SUCCEEDED, settings.max_attempts + 1)
+
+
 def test_backoff_grows_and_is_capped() -> None:
     s = Settings(backoff_base_seconds=1, backoff_max_seconds=8)
     for attempt, cap in ((1, 1), (2, 2), (3, 4), (4, 8), (9, 8)):
