@@ -86,6 +86,8 @@ def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
                 content = response.get("content", {})
                 if code.isdigit() and int(code) >= 400 and "application/json" in content:
                     media = content.pop("application/json")
+                    if "HTTPValidationError" in str(media.get("schema")):
+                        media = {"schema": {"$ref": "#/components/schemas/Problem"}}
                     if code == "503" and "readyz" in str(operation.get("operationId", "")):
                         content["application/json"] = media
                     else:

@@ -37,7 +37,7 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     503: _problem("The job database cannot be reached."),
 }
 
-JobId = Annotated[str, Path(alias="id", description="The job's id.", max_length=64)]
+JobId = Annotated[str, Path(alias="id", description="The job's id.")]
 
 
 def job_out(job: JobRecord) -> JobOut:

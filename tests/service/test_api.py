@@ -215,6 +215,7 @@ def test_cancel(client: TestClient, target: str) -> None:
 
 def test_unknown_job_and_route_and_method(client: TestClient) -> None:
     assert_problem(client.get("/merges/01ABC"), 404)
+    assert_problem(client.get("/merges/" + "x" * 300), 404)
     assert_problem(client.get("/nothing-here"), 404)
     assert_problem(client.delete("/merges"), 405)
 
@@ -313,6 +314,7 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
     body = post["requestBody"]["content"]["application/json"]["schema"]
     assert len(body["oneOf"]) == 2
+    assert "HTTPValidationError" not in str(doc)
     job = doc["components"]["schemas"]["JobOut"]
     assert set(job["properties"]) == {"id", "status", "phase", "target", "submitted_at", "started_at",
                                       "finished_at", "attempts", "dry_run", "table_version", "result",
