@@ -144,7 +144,8 @@ def start_connect_server(*, master: str = "local[2]", port: int | None = None, c
 
 def start_standalone_cluster(*, cores: int = 2, memory: str = "4g",
                              log_dir: Path | None = None) -> tuple[SparkProcess, SparkProcess]:
-    """A real standalone master and one worker; tasks then run in a separate executor JVM."""
+    """A real standalone master and one worker; tasks then run in a separate executor JVM, whose logs land in
+    ``<log_dir>/work/app-*``."""
     log_dir = log_dir or Path(tempfile.gettempdir()) / "merge-service-spark"
     spark_class = str(spark_home() / "bin" / "spark-class")
     master_port = free_port()
@@ -155,7 +156,8 @@ def start_standalone_cluster(*, cores: int = 2, memory: str = "4g",
     worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port",
                      str(worker_port), "--webui-port", str(free_port()), "--cores", str(cores), "--memory", memory,
                      f"spark://127.0.0.1:{master_port}"],
-                    name="spark-worker", port=worker_port, log_dir=log_dir)
+                    name="spark-worker", port=worker_port, log_dir=log_dir,
+                    env={"SPARK_WORKER_DIR": str(log_dir / "work")})
     return master, worker
 
 

@@ -50,6 +50,7 @@ def cluster_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSes
                                   conf={"spark.executor.memory": "2g", "spark.driver.memory": "1g"})
     session = SparkSession.builder.remote(f"sc://127.0.0.1:{server.port}").create()
     configure_session(session)
+    session.cluster_work_dir = logs / "work"  # type: ignore[attr-defined]
     yield session
     session.stop()
     for process in (server, worker, master):
