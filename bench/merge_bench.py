@@ -725,7 +725,10 @@ def report(ctx: Context, outcomes: list[Outcome]) -> None:
     )
 
     print()
-    print("Where the time goes (seconds). Engine phases from on_progress; metrics from result.metrics:")
+    print(
+        "Where the time goes (seconds). Engine phases from on_progress (prep src+skip: source, resolution and data "
+        "skipping with the source key range); metrics from result.metrics; delta-rs from its metrics:"
+    )
     rows = []
     for o in outcomes:
         if o.engine is None:
@@ -761,7 +764,7 @@ def report(ctx: Context, outcomes: list[Outcome]) -> None:
             [
                 "wl",
                 "snapshot",
-                "prep src",
+                "prep src+skip",
                 "find touched",
                 "writing",
                 "commit",
