@@ -210,8 +210,9 @@ class JobControl:
             if cancel:
                 self.cancel_requested = True
                 raise CancelRequestedError("cancel requested")
-            if phase == Phase.COMMITTING.value:
-                self.commit_started = True
+            # The engine redoes a merge whose commit lost a race from a fresh snapshot: any phase after
+            # "committing" means that commit ended without landing, and the attempt may be interrupted again.
+            self.commit_started = phase == Phase.COMMITTING.value
         log.info("job phase", phase=phase)
 
     def interrupt(self, why: str) -> None:

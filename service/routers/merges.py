@@ -58,11 +58,18 @@ def job_out(job: JobRecord) -> JobOut:
     )
 
 
+def job_json(job: JobRecord) -> dict[str, Any]:
+    data = job_out(job).model_dump(mode="json")
+    if data["error"] is not None:  # RFC 9457 members are absent rather than null
+        data["error"] = {k: v for k, v in data["error"].items() if v is not None}
+    return data
+
+
 def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
     headers = {"Location": f"/merges/{job.id}"}
     if not job.finished:
         headers["Retry-After"] = RETRY_AFTER_RUNNING if job.status is Status.RUNNING else RETRY_AFTER_QUEUED
-    return JSONResponse(job_out(job).model_dump(mode="json"), status_code=status_code, headers=headers)
+    return JSONResponse(job_json(job), status_code=status_code, headers=headers)
 
 
 @router.post(
@@ -128,12 +135,12 @@ def list_merges(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.",
                                         max_length=1024)] = None,
-) -> JobListOut:
+) -> Response:
     target_key = roots.resolve(target, "target") if target else None
     items, next_cursor = manager.list_jobs(
         status=status, target_key=target_key, limit=min(limit, settings.list_limit_max), cursor=cursor
     )
-    return JobListOut(items=[job_out(j) for j in items], next_cursor=next_cursor)
+    return JSONResponse({"items": [job_json(j) for j in items], "next_cursor": next_cursor})
 
 
 @router.get(

@@ -206,6 +206,7 @@ def test_cancel(client: TestClient, target: str) -> None:
     assert response.status_code == 202
     body = response.json()
     assert body["status"] == "cancelled" and body["error"]["title"] == "Merge cancelled"
+    assert set(body["error"]) == {"type", "title", "detail"}
     assert "retry-after" not in response.headers
     assert 'merge_jobs_finished_total{outcome="cancelled"} 1.0' in client.get("/metrics").text
     again = client.post(f"/merges/{job['id']}/cancel")
