@@ -4,6 +4,9 @@ engine does, so exactly-once can be checked across real processes killed with SI
 
 Environment: the ``MERGE_SERVICE_*`` settings, ``LEDGER_DIR``, ``CRASH_AT`` (JSON: target -> phase at which
 the first attempt of a job on that target stops dead, waiting to be killed), ``STEP_SECONDS`` (time per phase).
+With ``RUNNER=engine`` the real engine runs the merges (Spark at ``MERGE_SERVICE_SPARK_REMOTE``) and the same
+crash points apply, ``after_commit`` being after the Delta log entry is written and before the job row is
+updated: the harness for crash tests against real tables.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from service.jobs import ClaimedJob
 from service.logs import configure_logging
 from service.settings import Settings
-from service.worker import TxnId, Worker
+from service.worker import EngineRunner, TxnId, Worker
 
 PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")
 
@@ -56,10 +59,7 @@ class LedgerRunner:
             f.write(text + "\n")
 
     def _maybe_crash(self, job: ClaimedJob, phase: str) -> None:
-        if job.lease.attempt == 1 and self.crash_at.get(job.target_key) == phase:
-            (self.dir / f"{job.lease.job_id}.{phase}").touch()
-            while True:  # wait here to be killed, holding the lease until it expires
-                time.sleep(60)
+        stop_dead(self.dir, job, phase, self.crash_at)
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Callable[[str], None], tag: str) -> Result:
         name = table_name(job.target_key)
@@ -100,11 +100,54 @@ class LedgerRunner:
         pass
 
 
+def stop_dead(directory: Path, job: ClaimedJob, phase: str, crash_at: dict[str, str]) -> None:
+    """At the chosen point of a job's first attempt: leave a marker and wait to be killed."""
+    if job.lease.attempt == 1 and crash_at.get(job.target_key) == phase:
+        (directory / f"{job.lease.job_id}.{phase}").touch()
+        while True:
+            time.sleep(60)
+
+
+class CrashingEngineRunner:
+    """The real engine, stopping dead at a chosen phase (or right after its commit) on a job's first attempt."""
+
+    def __init__(self, inner: EngineRunner, directory: Path, crash_at: dict[str, str]) -> None:
+        self.inner = inner
+        self.dir = directory
+        self.crash_at = crash_at
+
+    def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Callable[[str], None], tag: str) -> Any:
+        def progress(phase: str) -> None:
+            on_progress(phase)
+            stop_dead(self.dir, job, phase, self.crash_at)
+
+        result = self.inner.run(job, txn=txn, on_progress=progress, tag=tag)
+        stop_dead(self.dir, job, "after_commit", self.crash_at)
+        return result
+
+    def interrupt(self, tag: str) -> None:
+        self.inner.interrupt(tag)
+
+    def readiness(self) -> tuple[bool, str]:
+        return self.inner.readiness()
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def main() -> None:
     settings = Settings()
     configure_logging("WARNING")
-    runner = LedgerRunner(Path(os.environ["LEDGER_DIR"]), json.loads(os.environ.get("CRASH_AT", "{}")),
-                          float(os.environ.get("STEP_SECONDS", "0")))
+    directory = Path(os.environ["LEDGER_DIR"])
+    crash_at = json.loads(os.environ.get("CRASH_AT", "{}"))
+    runner: LedgerRunner | CrashingEngineRunner
+    if os.environ.get("RUNNER") == "engine":
+        runner = CrashingEngineRunner(EngineRunner(settings), directory, crash_at)
+    else:
+        runner = LedgerRunner(directory, crash_at, float(os.environ.get("STEP_SECONDS", "0")))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     worker = Worker(settings, runner=runner)
