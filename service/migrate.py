@@ -7,9 +7,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect, text
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -36,8 +35,11 @@ def head_revision() -> str | None:
 
 
 def current_revision(engine: Engine) -> str | None:
+    """Read directly (readiness probes call this often; Alembic's context would log on every call)."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
 
 
 def at_head(engine: Engine) -> bool:
