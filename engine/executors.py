@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from engine import delta
-from engine.errors import MultipleMatchError
+from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import quote_identifier
 from engine.output import (
     ACTION_COL,
@@ -199,6 +199,7 @@ class ClassicMergeExecutor:
             F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL),
             *dedup_columns,
         )
+        projected = repartition_for_write(ctx, projected)
         obs = Observation("writeAllChanges")
         codes = [MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE,
                  INSERT, COPY]
@@ -218,8 +219,6 @@ class ClassicMergeExecutor:
             try:
                 added = write_output(ctx, rows.where(F.col(CDC_TYPE_COL).isNull()).drop(CDC_TYPE_COL))
                 changes = rows.where(F.col(CDC_TYPE_COL).isNotNull())
-                if ctx.snapshot.partition_columns:
-                    changes = changes.repartition(*[F.col(c) for c in ctx.snapshot.partition_columns])
                 cdc_files = delta.write_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=ctx.write_id,
                                                   schema=output_schema(ctx))
             finally:
@@ -227,7 +226,7 @@ class ClassicMergeExecutor:
         else:
             output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
             added = write_output(ctx, output)
-        counts = {k: int(v or 0) for k, v in obs.get.items()}
+        counts = observed_counts(obs)
         m = ctx.metrics
         m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
         m["numTargetRowsNotMatchedBySourceUpdated"] = counts.get(NOT_MATCHED_BY_SOURCE_UPDATE, 0)
@@ -265,21 +264,37 @@ class InsertOnlyMergeExecutor:
             ctx.output_names, ctx.resolved.output_fields, ctx.resolved.not_matched, lookups
         )
         obs = Observation("writeOnlyInserts")
-        projected = new_rows.select(*output_cols).observe(obs, *action_counts([INSERT, DROP_SOURCE]))
+        projected = repartition_for_write(ctx, new_rows.select(*output_cols))
+        projected = projected.observe(obs, *action_counts([INSERT, DROP_SOURCE]))
         output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
         added = write_output(ctx, output)
-        counts = {k: int(v or 0) for k, v in obs.get.items()}
+        counts = observed_counts(obs)
         ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
         ctx.metrics["numTargetRowsInserted"] = counts.get(INSERT, 0)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added
 
 
-def write_output(ctx: MergeContext, output: DataFrame) -> list[Any]:
-    """Delta's writeFiles: repartition by the partition columns first (repartitionBeforeWrite)."""
+def observed_counts(obs: Observation) -> dict[str, int]:
+    """The counts an observation collected. The merge decides whether to commit from them, so a missing
+    observation is an error, never zero rows changed."""
+    values = obs.get
+    if not values:
+        raise MergeExecutionError("Spark did not report the merge's row counts; nothing was committed.")
+    return {k: int(v or 0) for k, v in values.items()}
+
+
+def repartition_for_write(ctx: MergeContext, df: DataFrame) -> DataFrame:
+    """Delta's repartitionBeforeWrite: one task per partition value, so each touched partition gets one file set.
+    It is applied below the metrics observation: an adaptive plan may drop a stage that follows an observation
+    when that stage turns out empty, and the observed counts with it."""
     partition_columns = list(ctx.snapshot.partition_columns)
-    if partition_columns:
-        output = output.repartition(*[F.col(c) for c in partition_columns])
+    if not partition_columns:
+        return df
+    return df.repartition(*[F.col(quote_identifier(c)) for c in partition_columns])
+
+
+def write_output(ctx: MergeContext, output: DataFrame) -> list[Any]:
     return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx))
 
 

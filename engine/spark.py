@@ -32,6 +32,10 @@ SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "true",
     "spark.sql.storeAssignmentPolicy": "ANSI",
     "spark.sql.caseSensitive": "false",
+    # An adaptive plan that finds a stage empty replaces it, and any DataFrame.observe inside it stops reporting:
+    # the merge's metrics come from observations.
+    "spark.sql.adaptive.optimizer.excludedRules":
+        "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
 }
 
 SERVER_CONF: Mapping[str, str] = {
