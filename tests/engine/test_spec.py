@@ -139,3 +139,11 @@ def test_parse_merge_sql_with_a_query_source() -> None:
 def test_parse_merge_sql_refuses_other_statements(text: str) -> None:
     with pytest.raises(MergeSpecError):
         parse_merge_sql(text)
+
+
+@pytest.mark.parametrize("text", ["{#", "'", "a ++", "CASE WHEN"])
+def test_every_parse_failure_is_a_spec_error(text: str) -> None:
+    with pytest.raises(MergeSpecError):
+        validate_spec(spec(matched=(matched(DeleteAction(), text),)))
+    with pytest.raises(MergeSpecError):
+        parse_merge_sql(text)
