@@ -40,7 +40,7 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
         raise MergeSpecError(f"{where}: cannot parse {text!r} as a Spark SQL expression: {first}") from None
-    except Exception as exc:  # noqa: BLE001 - sqlglot fails on some inputs with other errors
+    except Exception as exc:
         first = f"{type(exc).__name__}: {exc}"
         raise MergeSpecError(f"{where}: cannot parse {text!r} as a Spark SQL expression: {first}") from None
     if len(parsed) != 1 or parsed[0] is None:

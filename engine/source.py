@@ -80,7 +80,7 @@ def parse_schema(ddl: str) -> pa.Schema:
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
         raise SourceError(f"schema: cannot parse {ddl!r} as a Spark DDL column list: {detail}") from None
-    except Exception as exc:  # noqa: BLE001 - sqlglot fails on some inputs with other errors
+    except Exception as exc:
         raise SourceError(f"schema: cannot parse {ddl!r} as a Spark DDL column list: {exc}") from None
     schema = create.this if isinstance(create, exp.Create) else None
     if not isinstance(schema, exp.Schema) or not schema.expressions:

@@ -106,7 +106,7 @@ def parse_merge_sql(text: str) -> MergeSpec:
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
         raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}") from None
-    except Exception as exc:  # noqa: BLE001 - sqlglot fails on some inputs with other errors
+    except Exception as exc:
         raise MergeSpecError(f"sql: cannot parse the MERGE statement: {type(exc).__name__}: {exc}") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
         raise MergeSpecError("sql: expected exactly one MERGE INTO statement.")
