@@ -20,6 +20,7 @@ from sqlglot import exp
 from engine import delta
 from engine.delta.app_transactions import find_app_transaction_commit
 from engine.errors import (
+    CommitStateUnknownError,
     ConcurrentModificationError,
     DataCastError,
     MergeCancelledError,
@@ -132,6 +133,8 @@ class MergeIntoCommand:
         self.metrics: dict[str, int] = dict.fromkeys(ALL_METRICS, 0)
         self.write_id = f"merge-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
         self._views: list[str] = []
+        self._committed = False
+        self._outcome_unknown = False
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -156,7 +159,8 @@ class MergeIntoCommand:
         except PySparkException as exc:
             raise translate_spark_error(exc) from exc
         finally:
-            if snapshot is not None and wrote and (self.dry_run or not getattr(self, "_committed", False)):
+            # Files of a commit whose outcome is unknown may be live in the table: those are never removed.
+            if snapshot is not None and wrote and not self._committed and not self._outcome_unknown:
                 delta.discard_write(snapshot, self.write_id)
             for view in self._views:
                 with contextlib.suppress(PySparkException):
@@ -329,10 +333,14 @@ class MergeIntoCommand:
         actions += list(added)
         self.on_progress("committing")
         metrics = {k: str(self.metrics[k]) for k in COMMIT_METRICS}
-        version = transaction.commit(
-            actions, operation="MERGE", operation_parameters=self._operation_parameters(),
-            operation_metrics=metrics, is_blind_append=False,
-        )
+        try:
+            version = transaction.commit(
+                actions, operation="MERGE", operation_parameters=self._operation_parameters(),
+                operation_metrics=metrics, is_blind_append=False,
+            )
+        except CommitStateUnknownError:
+            self._outcome_unknown = True
+            raise
         self._committed = True
         return int(version)
 

@@ -32,6 +32,10 @@ SESSION_CONF: Mapping[str, str] = {
     "spark.sql.ansi.enabled": "true",
     "spark.sql.storeAssignmentPolicy": "ANSI",
     "spark.sql.caseSensitive": "false",
+    # writeAllChanges' full outer join cannot broadcast: a shuffled hash join spares sorting the touched files.
+    "spark.sql.join.preferSortMergeJoin": "false",
+    # Sources up to this size are broadcast to the target scan instead of shuffling the target.
+    "spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
     # An adaptive plan that finds a stage empty replaces it, and any DataFrame.observe inside it stops reporting:
     # the merge's metrics come from observations.
     "spark.sql.adaptive.optimizer.excludedRules":
