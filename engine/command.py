@@ -10,11 +10,27 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+)
 from sqlglot import exp
 
 from engine import delta
@@ -36,6 +52,7 @@ from engine.expressions import (
     conjuncts,
     equi_join_keys,
     parse_expression,
+    quote_identifier,
     sql,
     strip_qualifiers,
     target_only_predicates,
@@ -43,7 +60,7 @@ from engine.expressions import (
 )
 from engine.resolution import Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-from engine.source import source_dataframe
+from engine.source import rows_to_arrow, source_dataframe
 from engine.spec import DeleteAction, MergeSpec, RowsSource, TableSource, UpdateAction
 
 MAX_CONFLICT_RETRIES = 3
@@ -120,6 +137,28 @@ def _literal(value: Any) -> exp.Expression | None:
     if isinstance(value, dt.date):
         return exp.cast(exp.Literal.string(value.isoformat()), exp.DataType.build("date"))
     return None
+
+
+@dataclass
+class _KeyRange:
+    low: Any = None
+    high: Any = None
+    nulls: int = 0
+    values: list[Any] | None = None
+
+
+_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+_STATS_RANGE_TYPES = (*_INTEGRAL, DateType, StringType, DecimalType)
+"""Types whose Delta statistics bound the values exactly enough: timestamps are truncated to milliseconds and
+floats may hold NaN, so those ranges come from Spark."""
+
+
+def _comparable(source: DataType | None, target: DataType | None) -> bool:
+    if source is None or target is None:
+        return False
+    if isinstance(source, _INTEGRAL) and isinstance(target, _INTEGRAL):
+        return True
+    return type(source) is type(target) and not isinstance(source, (FloatType, DoubleType, BinaryType, BooleanType))
 
 
 class MergeIntoCommand:
@@ -271,49 +310,103 @@ class MergeIntoCommand:
         return and_all(predicates)
 
     def _source_key_predicates(self, snapshot: Any, source: DataFrame, sides: Sides) -> list[exp.Expression]:
-        keys = equi_join_keys(self.spec.on, sides)
+        """``target_key BETWEEN min AND max`` of each ON equality's source side (an IN list for partition
+        columns), from the source's own statistics where it has them, else from one Spark aggregation."""
+        target_types = {f.name.lower(): f.dataType for f in snapshot.spark_schema.fields}
+        source_types = {f.name.lower(): f.dataType for f in source.schema.fields}
+        keys = []
+        for column, source_expr in equi_join_keys(self.spec.on, sides):
+            # Bounds are compared in the target column's type: only keys of the same kind of type are safe.
+            if isinstance(source_expr, exp.Column) and _comparable(
+                source_types.get(str(source_expr.name).lower()), target_types.get(column.lower())
+            ):
+                keys.append((column, str(source_expr.name)))
         if not keys:
             return []
         partition_cols = {c.lower() for c in snapshot.partition_columns}
-        aggs = []
-        s = self.spec.source_alias
-        aliased = source.alias(s)
-        for i, (column, source_expr) in enumerate(keys):
-            value = F.expr(sql(source_expr))
-            aggs += [F.min(value).alias(f"min{i}"), F.max(value).alias(f"max{i}"),
-                     F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
-            if column.lower() in partition_cols:
-                aggs.append(F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
-                            .alias(f"values{i}"))
-        row = aliased.agg(*aggs).collect()[0].asDict()
+        ranges = [_KeyRange() for _ in keys]
+        missing = [i for i, (column, name) in enumerate(keys)
+                   if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)]
+        if missing:
+            aggs = []
+            for i in missing:
+                value = F.col(quote_identifier(keys[i][1]))
+                aggs += [F.min(value).alias(f"min{i}"), F.max(value).alias(f"max{i}"),
+                         F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
+                if keys[i][0].lower() in partition_cols:
+                    aggs.append(F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
+                                .alias(f"values{i}"))
+            row = source.agg(*aggs).collect()[0].asDict()
+            for i in missing:
+                ranges[i] = _KeyRange(row[f"min{i}"], row[f"max{i}"], int(row[f"nulls{i}"] or 0),
+                                      row.get(f"values{i}"))
+        null_safe_columns = set()
+        for c in conjuncts(parse_expression(self.spec.on, "on")):
+            if isinstance(c, exp.NullSafeEQ):
+                null_safe_columns |= {str(side.name).lower() for side in (c.left, c.right)
+                                      if isinstance(side, exp.Column)}
         predicates: list[exp.Expression] = []
-        on_parts = {id(c): c for c in conjuncts(parse_expression(self.spec.on, "on"))}
-        null_safe_columns = {
-            str(c.left.name).lower() for c in on_parts.values() if isinstance(c, exp.NullSafeEQ)
-            and isinstance(c.left, exp.Column)
-        } | {
-            str(c.right.name).lower() for c in on_parts.values() if isinstance(c, exp.NullSafeEQ)
-            and isinstance(c.right, exp.Column)
-        }
-        for i, (column, _) in enumerate(keys):
+        for (column, _), rng in zip(keys, ranges, strict=True):
             col = exp.column(column, quoted=True)
-            lo, hi = _literal(row[f"min{i}"]), _literal(row[f"max{i}"])
-            has_nulls = int(row[f"nulls{i}"] or 0) > 0 and column.lower() in null_safe_columns
-            if row[f"min{i}"] is None:
+            has_nulls = rng.nulls > 0 and column.lower() in null_safe_columns
+            lo, hi = _literal(rng.low), _literal(rng.high)
+            if rng.low is None:
                 pred: exp.Expression = exp.Is(this=col, expression=exp.Null()) if has_nulls else exp.false()
             elif lo is None or hi is None:
                 continue
             else:
                 pred = exp.Between(this=col, low=lo, high=hi)
-                values = row.get(f"values{i}")
-                if values is not None and len(values) <= MAX_PARTITION_VALUES_FOR_SKIPPING:
-                    literals = [_literal(v) for v in values if v is not None]
+                if rng.values is not None and len(rng.values) <= MAX_PARTITION_VALUES_FOR_SKIPPING:
+                    literals = [_literal(v) for v in rng.values if v is not None]
                     if literals and all(lit is not None for lit in literals):
                         pred = exp.In(this=col.copy(), expressions=literals)
                 if has_nulls:
                     pred = exp.or_(pred, exp.Is(this=col.copy(), expression=exp.Null()))
             predicates.append(pred)
         return predicates
+
+    def _range_from_source_stats(self, name: str, rng: _KeyRange, *, want_values: bool) -> bool:
+        """Fill ``rng`` without a Spark job: inline rows are at hand, and a Delta source's log has per-file
+        min, max and null counts (lower and upper bounds, which is all skipping needs)."""
+        source = self.spec.source
+        if isinstance(source, RowsSource):
+            table = rows_to_arrow(source.rows, source.schema)
+            match = next((n for n in table.column_names if n.lower() == name.lower()), None)
+            if match is None:
+                return False
+            column = table.column(match)
+            bounds = pc.min_max(column).as_py() if len(column) else {"min": None, "max": None}
+            rng.low, rng.high, rng.nulls = bounds["min"], bounds["max"], column.null_count
+            if want_values:
+                rng.values = pc.unique(column.drop_null()).to_pylist()[: MAX_PARTITION_VALUES_FOR_SKIPPING + 1]
+            return True
+        if not (isinstance(source, TableSource) and source.format == "delta") or want_values:
+            return False
+        snap = delta.load_snapshot(source.path)
+        if name.lower() in {c.lower() for c in snap.partition_columns}:
+            return False
+        dtype = next((f.dataType for f in snap.spark_schema.fields if f.name.lower() == name.lower()), None)
+        if not isinstance(dtype, _STATS_RANGE_TYPES):
+            return False
+        low = high = None
+        nulls = 0
+        for f in snap.files:
+            st = f.stats
+            if st is None or st.num_records is None:
+                return False
+            file_nulls = st.value("null_count", [name])
+            if file_nulls is None:
+                return False
+            nulls += int(file_nulls)
+            if file_nulls == st.num_records:
+                continue
+            fmin, fmax = st.value("min_values", [name]), st.value("max_values", [name])
+            if fmin is None or fmax is None:
+                return False
+            low = fmin if low is None or fmin < low else low
+            high = fmax if high is None or fmax > high else high
+        rng.low, rng.high, rng.nulls = low, high, nulls
+        return True
 
     # --- the commit ----------------------------------------------------------------------------------------------
 

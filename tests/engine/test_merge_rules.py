@@ -160,3 +160,54 @@ def test_error_paths_leave_the_table(spark: SparkSession, tmp_path: Path, clause
     with pytest.raises(error):
         run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
     unchanged(target, before)
+
+
+def two_file_table(path: Path, partition_by: list[str] | None = None) -> Path:
+    from deltalake import write_deltalake
+
+    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "p": ["a", "a", "a"]}),
+                    partition_by=partition_by)
+    write_deltalake(str(path), pa.table({"id": pa.array([10, 11, 12], pa.int64()), "p": ["b", "b", "b"]}),
+                    mode="append", partition_by=partition_by)
+    return path
+
+
+@pytest.mark.parametrize("source_kind", ["delta", "rows"])
+def test_source_key_range_skips_files(spark: SparkSession, tmp_path: Path, source_kind: str) -> None:
+    target = two_file_table(tmp_path / "t")
+    data = [{"id": 11, "p": "z"}, {"id": 13, "p": "z"}]
+    if source_kind == "delta":
+        source_path = write_table(tmp_path / "s", pa.table({"id": pa.array([11, 13], pa.int64()), "p": ["z", "z"]}))
+        spec = make_spec(target, source_path, "t.id = s.id", UPSERT)
+    else:
+        spec = MergeSpec(target=str(target), source=RowsSource(data, "id BIGINT, p STRING"), on="t.id = s.id",
+                         target_alias="t", source_alias="s", matched=(clause("matched", "update_all"),),
+                         not_matched=(clause("notMatched", "insert_all"),))
+    result = run_merge(spark, spec)
+    assert result.metrics["numTargetFilesBeforeSkipping"] == 2
+    assert result.metrics["numTargetFilesAfterSkipping"] == 1
+    assert result.result["num_updated_rows"] == 1 and result.result["num_inserted_rows"] == 1
+    assert sorted(rows(target)) == [(1, "a"), (2, "a"), (3, "a"), (10, "b"), (11, "z"), (12, "b"), (13, "z")]
+
+
+def test_partition_key_values_skip_partitions(spark: SparkSession, tmp_path: Path) -> None:
+    target = two_file_table(tmp_path / "t", partition_by=["p"])
+    spec = MergeSpec(target=str(target), source=RowsSource([{"id": 2, "p": "a"}], "id BIGINT, p STRING"),
+                     on="t.p = s.p AND t.id = s.id", target_alias="t", source_alias="s",
+                     matched=(clause("matched", "delete"),))
+    result = run_merge(spark, spec)
+    assert result.metrics["numTargetFilesAfterSkipping"] == 1
+    assert result.metrics["numTargetPartitionsAfterSkipping"] == 1
+    assert sorted(r[0] for r in rows(target, ["id"])) == [1, 3, 10, 11, 12]
+
+
+def test_keys_of_another_type_do_not_skip_wrongly(spark: SparkSession, tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    target = tmp_path / "t"
+    write_deltalake(str(target), pa.table({"k": ["10", "2"]}))
+    write_deltalake(str(target), pa.table({"k": ["9"]}), mode="append")
+    spec = MergeSpec(target=str(target), source=RowsSource([{"k": 9}, {"k": 10}], "k BIGINT"), on="t.k = s.k",
+                     target_alias="t", source_alias="s", matched=(clause("matched", "delete"),))
+    assert run_merge(spark, spec).result["num_deleted_rows"] == 2
+    assert rows(target) == [("2",)]
