@@ -34,7 +34,6 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine import delta
-from engine.delta.app_transactions import find_app_transaction_commit
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
@@ -477,5 +476,5 @@ def _partitions(snapshot: Any, files: list[Any]) -> int:
 
 def _version_with_txn(snapshot: Any, txn: AppTransaction) -> int:
     """The version whose commit carries ``txn`` (searched from the newest commit back)."""
-    found = find_app_transaction_commit(snapshot, txn.app_id, txn.version)
+    found = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
     return found if found is not None else snapshot.version

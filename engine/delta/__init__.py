@@ -14,6 +14,7 @@ from engine.delta.actions import (
     RemoveFile,
     SetTransaction,
 )
+from engine.delta.app_transactions import find_app_transaction_commit
 from engine.delta.features import check_can_modify, check_supported
 from engine.delta.scan import FILE_NAME_COL, ROW_INDEX_COL, scan_files
 from engine.delta.skipping import FilePredicate, prune_files
@@ -45,6 +46,7 @@ __all__ = [
     "check_can_modify",
     "check_supported",
     "discard_write",
+    "find_app_transaction_commit",
     "load_snapshot",
     "prune_files",
     "scan_files",

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+
+from engine.delta.snapshot import Snapshot
 
 
-def find_app_transaction_commit(snapshot: Any, app_id: str, version: int) -> int | None:
+def find_app_transaction_commit(snapshot: Snapshot, app_id: str, version: int) -> int | None:
+    """The version whose commit recorded ``txn(app_id, version)``; None when the log no longer holds it."""
     log_dir = os.path.join(snapshot.root, "_delta_log")
     for candidate in range(snapshot.version, -1, -1):
         path = os.path.join(log_dir, f"{candidate:020d}.json")
