@@ -118,3 +118,18 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
         mine, oracle = changes(ours, columns), changes(theirs, columns)
         assert mine == oracle
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_schema_evolution_with_change_data(spark: SparkSession, tmp_path: Path) -> None:
+    ours = write_table(tmp_path / "t", TARGET, configuration=CDF)
+    wider = SOURCE.append_column("extra", pa.array(["x", "y", "z"]))
+    src = write_table(tmp_path / "s", wider)
+    spec = make_spec(ours, src, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+                     schema_evolution=True)
+    result = run_merge(spark, spec)
+    assert result.table_version == 1
+    got = changes(ours, ["id", "v", "extra"])
+    assert (2, "b", None, "update_preimage") in got
+    assert (2, "B", "x", "update_postimage") in got
+    assert (5, "E", "z", "insert") in got
+    assert len(got) == 5
