@@ -225,49 +225,32 @@ class Resolver:
         values: list[tuple[str, bool]] | None = None
         action = clause.action
         new_lower = {n.lower() for n in new_columns}
-        if isinstance(action, UpdateAction):
-            assigned = self._assignments(action, where, out_fields) if not action.star else {}
+        if isinstance(action, (UpdateAction, InsertAction)):
+            is_update = isinstance(action, UpdateAction)
+            kind, field_name = ("UPDATE SET", "set") if is_update else ("INSERT", "values")
+            assigned = {} if action.star else self._assignments(action, where, out_fields)
             values = []
             for f in out_fields:
                 key = f.name.lower()
-                keep = f"{quote_identifier(self.t)}.{quote_identifier(f.name)}"
+                # A column the clause gives no value keeps it on UPDATE; it is NULL on INSERT and when new.
+                default = ((f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
+                           if is_update and key not in new_lower else ("NULL", True))
                 if action.star:
                     src = self._source_field(f.name)
                     if src is not None:
                         values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
                     elif self.spec.schema_evolution:
-                        values.append((keep if key not in new_lower else "NULL", key in new_lower))
+                        values.append(default)
                     else:
                         raise MergeResolutionError(
-                            f"{where}: UPDATE SET * needs every target column in the source; cannot resolve "
-                            f"{self.t}.{f.name} in UPDATE clause given columns "
+                            f"{where}: {kind} * needs every target column in the source; cannot resolve "
+                            f"{self.t}.{f.name} in {kind.split()[0]} clause given columns "
                             f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
                         )
                 elif key in assigned:
-                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.set.{f.name}"), True))
+                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
                 else:
-                    values.append((keep if key not in new_lower else "NULL", key in new_lower))
-        elif isinstance(action, InsertAction):
-            assigned = self._assignments(action, where, out_fields) if not action.star else {}
-            values = []
-            for f in out_fields:
-                key = f.name.lower()
-                if action.star:
-                    src = self._source_field(f.name)
-                    if src is not None:
-                        values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
-                    elif self.spec.schema_evolution:
-                        values.append(("NULL", True))
-                    else:
-                        raise MergeResolutionError(
-                            f"{where}: INSERT * needs every target column in the source; cannot resolve "
-                            f"{self.t}.{f.name} in INSERT clause given columns "
-                            f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
-                        )
-                elif key in assigned:
-                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.values.{f.name}"), True))
-                else:
-                    values.append(("NULL", True))
+                    values.append(default)
         value_offset = len(items)
         if values is not None:
             items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
