@@ -222,7 +222,7 @@ class MergeIntoCommand:
     def _run(self, snapshot: Any, start: float) -> MergeResult:
         spec = self.spec
         source = self._prepare_source()
-        target_empty = delta.scan_files(self.spark, snapshot, [])
+        target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
         resolved = Resolver(spec, source, target_empty, snapshot.spark_schema).resolve()
 
         all_files = list(snapshot.files)

@@ -243,8 +243,7 @@ def read_table_source(spark: SparkSession, source: TableSource) -> DataFrame:
     if source.format == "delta":
         snapshot = delta.load_snapshot(source.path)
         delta.check_supported(snapshot)
-        columns = [f.name for f in snapshot.spark_schema.fields]
-        return delta.scan_files(spark, snapshot, snapshot.files).select(*columns)
+        return delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
     reader = spark.read.format(source.format)
     if source.format == "csv" and "header" not in source.options:
         reader = reader.option("header", "true")

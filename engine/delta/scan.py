@@ -35,17 +35,23 @@ def scan_schema(snapshot: Snapshot) -> T.StructType:
     ])
 
 
-def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
+def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], *,
+               file_columns: bool = True) -> DataFrame:
     """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
     ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
-    evolution) read as NULL."""
+    evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
+    table is then a plain Parquet read."""
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
     unique = list({f.path: f for f in files}.values())
     if not unique:
-        return spark.createDataFrame([], scan_schema(snapshot))
+        empty = spark.createDataFrame([], scan_schema(snapshot))
+        return empty if file_columns else empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
+    if not file_columns and not partition_fields:
+        paths = [spark_read_path(add.absolute_path(snapshot.root)) for add in unique]
+        return spark.read.schema(data_schema).parquet(*paths)
 
     mapping_rows = []
     for add in unique:
@@ -81,8 +87,7 @@ def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]
         F.raise_error(F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "),
                                F.col(_LOCAL_PATH_COL))),
     ).otherwise(F.col(FILE_NAME_COL))
-    return joined.select(
-        *[F.col(f"`{f.name}`") for f in schema.fields],
-        checked_name.alias(FILE_NAME_COL),
-        F.col(ROW_INDEX_COL),
-    )
+    table_columns = [F.col(f"`{f.name}`") for f in schema.fields]
+    if not file_columns:
+        return joined.select(*table_columns)
+    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL))

@@ -211,3 +211,14 @@ def test_keys_of_another_type_do_not_skip_wrongly(spark: SparkSession, tmp_path:
                      target_alias="t", source_alias="s", matched=(clause("matched", "delete"),))
     assert run_merge(spark, spec).result["num_deleted_rows"] == 2
     assert rows(target) == [("2",)]
+
+
+def test_partitioned_delta_source(spark: SparkSession, tmp_path: Path) -> None:
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE.append_column("p", pa.array(["x", "y", None])), partition_by=["p"])
+    clauses = [clause("matched", "update", v="concat(s.v, s.p)"),
+               clause("notMatched", "insert", id="s.id", v="coalesce(s.p, '-')")]
+    spec = make_spec(target, source, "t.id = s.id", clauses)
+    result = run_merge(spark, spec)
+    assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
+    assert rows(target, ["id", "v"]) == [(1, "a"), (2, "Bx"), (3, "Cy"), (4, "d"), (5, "-")]
