@@ -73,8 +73,8 @@ class MergeContext:
     def output_names(self) -> list[str]:
         return [f.name for f in self.resolved.output_fields]
 
-    def target_df(self, files: Sequence[Any]) -> DataFrame:
-        return delta.scan_files(self.spark, self.snapshot, files)
+    def target_df(self, files: Sequence[Any], *, file_columns: bool = True) -> DataFrame:
+        return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
 
 
 def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
@@ -172,7 +172,7 @@ class ClassicMergeExecutor:
         spec = ctx.spec
         start = time.monotonic()
         cdc = ctx.cdc_enabled
-        target = ctx.target_df(ctx.touched_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        target = ctx.target_df(ctx.touched_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         dedup_columns: list[str] = []
         if cdc and ctx.deduplicate_cdf_deletes:
@@ -255,7 +255,7 @@ class InsertOnlyMergeExecutor:
         obs_source = Observation(source_rows_metric)
         source = ctx.source.observe(obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
         if ctx.candidate_files and filter_matched_rows:
-            target = ctx.target_df(ctx.candidate_files).alias(spec.target_alias)
+            target = ctx.target_df(ctx.candidate_files, file_columns=False).alias(spec.target_alias)
             new_rows = source.join(target, ctx.resolved.on, "left_anti")
         else:
             new_rows = source

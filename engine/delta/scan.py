@@ -49,9 +49,21 @@ def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
         return empty if file_columns else empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
-    if not file_columns and not partition_fields:
-        paths = [spark_read_path(add.absolute_path(snapshot.root)) for add in unique]
-        return spark.read.schema(data_schema).parquet(*paths)
+    if not partition_fields:
+        local = [add.absolute_path(snapshot.root) for add in unique]
+        plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
+        if not file_columns:
+            return plain
+        prefix = "file:" + snapshot.root.rstrip("/") + "/"
+        if all(_PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique,
+                                                                                               strict=True)):
+            # Every log path is the file's plain path under the root, which Spark reports verbatim after
+            # ``file:``: the log path is a substring, with no per-row lookup.
+            return plain.select(
+                *[F.col(f"`{f.name}`") for f in data_schema.fields],
+                F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
+                F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+            )
 
     mapping_rows = []
     for add in unique:
