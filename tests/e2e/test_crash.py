@@ -1,0 +1,338 @@
+"""Crashes and restarts with the real engine: worker processes killed with SIGKILL in every phase of a merge
+(and right after its Delta log entry is written, before the job row is updated), and `merge-service serve`
+stopped with SIGTERM while one job runs and two wait. Every job must end succeeded with its merge in the table
+exactly once, under the Delta ``txn`` (app id, job seq) that makes a retried commit recognisable.
+
+Real at every step: a separate Spark Connect server process, worker processes of ``tests.service.proc_worker``
+(``RUNNER=engine``), a SQLite job database shared across processes, Delta tables checked with ``deltalake``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from fastapi.testclient import TestClient
+
+from engine.spark import free_port
+from service.app import create_app
+from service.jobs import JobRecord, Status
+from service.manager import JobManager
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+APP_ID = "merge-service-crash-tests"
+LEASE_SECONDS = 2.0
+CRASH_POINTS = ("preparing_source", "finding_touched_files", "writing", "committing", "after_commit")
+START_TIMEOUT = 120.0  # a worker imports pyspark and opens a Spark Connect session on a busy machine
+JOB_TIMEOUT = 180.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float,
+             alive_all: Sequence[subprocess.Popen[bytes]] = (), logs: Sequence[Path] = ()) -> None:
+    """Poll ``predicate``; fail early, with the processes' logs, if one of ``alive_all`` exits meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if any(p.poll() is not None for p in alive_all):
+            codes = [p.returncode for p in alive_all]
+            raise AssertionError(f"{what}: a process exited ({codes})\n{_tails(logs)}")
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s\n{_tails(logs)}")
+
+
+def _tails(logs: Sequence[Path]) -> str:
+    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
+
+
+@dataclass
+class Home:
+    """One test's lake, job database and the processes it started."""
+
+    dir: Path
+    spark_remote: str
+    procs: list[tuple[subprocess.Popen[bytes], Any]] = field(default_factory=list)
+
+    @property
+    def lake(self) -> Path:
+        return self.dir / "lake"
+
+    @property
+    def markers(self) -> Path:
+        return self.dir / "markers"
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.dir / 'jobs.db'}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "MERGE_SERVICE_DATABASE_URL": self.database_url,
+            "MERGE_SERVICE_SPARK_REMOTE": self.spark_remote,
+            "MERGE_SERVICE_LAKE_ROOTS": str(self.lake),
+            "MERGE_SERVICE_APP_ID": APP_ID,
+            "MERGE_SERVICE_LEASE_SECONDS": str(LEASE_SECONDS),
+            "MERGE_SERVICE_HEARTBEAT_SECONDS": "0.3",
+            "MERGE_SERVICE_POLL_INTERVAL_SECONDS": "0.05",
+            "MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.1",
+            "MERGE_SERVICE_BACKOFF_MAX_SECONDS": "0.5",
+            "MERGE_SERVICE_MAX_ATTEMPTS": "3",
+            **extra,
+        }
+
+    def spawn(self, args: list[str], log_name: str, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+        log_path = self.dir / f"{log_name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - closed at teardown
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append((proc, log))
+        return proc, log_path
+
+    def worker(self, name: str, crash_at: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        return self.spawn([sys.executable, "-m", "tests.service.proc_worker"], name, RUNNER="engine",
+                          LEDGER_DIR=str(self.markers), CRASH_AT=json.dumps(crash_at or {}), STOP_TIMEOUT="20")
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, log in self.procs:
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def open_home(directory: Path, spark_remote: str) -> Home:
+    h = Home(directory, spark_remote)
+    h.lake.mkdir()
+    h.markers.mkdir()
+    return h
+
+
+def job_store(home: Home) -> JobManager:
+    manager = JobManager.from_url(home.database_url, lease_seconds=LEASE_SECONDS)
+    manager.migrate()
+    return manager
+
+
+@pytest.fixture
+def home(tmp_path: Path, spark_remote: str) -> Iterator[Home]:
+    h = open_home(tmp_path, spark_remote)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def jobs(home: Home) -> Iterator[JobManager]:
+    manager = job_store(home)
+    yield manager
+    manager.dispose()
+
+
+def create_table(path: Path) -> None:
+    write_deltalake(str(path), pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()),
+        "name": ["Ann", "Bob", "Cid"],
+        "n": pa.array([0, 0, 0], pa.int64()),
+    }))
+
+
+def upsert(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "target": str(path),
+        "source": {"rows": rows, "schema": "id BIGINT, name STRING, n BIGINT"},
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+        "when_matched": [{"action": "update_all"}],
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+
+
+def table_rows(path: Path) -> dict[str, list[Any]]:
+    return DeltaTable(str(path)).to_pyarrow_table().sort_by("id").to_pydict()
+
+
+def log_entry(path: Path, version: int) -> list[dict[str, Any]]:
+    text = (path / "_delta_log" / f"{version:020d}.json").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def txn_of(path: Path, version: int) -> tuple[str, int] | None:
+    found = [a["txn"] for a in log_entry(path, version) if "txn" in a]
+    assert len(found) <= 1, found
+    return (found[0]["appId"], found[0]["version"]) if found else None
+
+
+def assert_merged_once(path: Path, jobs_in_order: list[JobRecord]) -> None:
+    """Version 0 is the table's creation; then one MERGE commit per job, in job order, each carrying the job's
+    txn, and nothing else."""
+    dt = DeltaTable(str(path))
+    assert dt.version() == len(jobs_in_order), "one new table version per job, no second one"
+    history = sorted(dt.history(), key=lambda c: c["version"])
+    assert [c["version"] for c in history] == list(range(len(jobs_in_order) + 1))
+    assert [c["operation"] for c in history[1:]] == ["MERGE"] * len(jobs_in_order)
+    for version, job in enumerate(jobs_in_order, start=1):
+        assert job.status is Status.SUCCEEDED, job
+        assert job.table_version == version, job
+        assert txn_of(path, version) == (APP_ID, job.seq)
+    assert dt.transaction_version(APP_ID) == jobs_in_order[-1].seq
+
+
+@dataclass
+class Crash:
+    """One job whose first attempt was killed at ``point``, as seen while parked and after the rescue."""
+
+    point: str
+    table: Path
+    parked: JobRecord
+    parked_version: int
+    parked_txn: tuple[str, int] | None
+    job: JobRecord
+
+
+@pytest.fixture(scope="module")
+def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Crash]]:
+    """One job per crash point, each on its own table, each claimed by its own worker process that stops dead
+    at that point; all five workers are killed with SIGKILL, then two fresh workers take the jobs over once
+    their leases expire. (The five crash scenarios run side by side to keep the module within minutes.)"""
+    home = open_home(tmp_path_factory.mktemp("crash"), spark_remote)
+    jobs = job_store(home)
+    settings = Settings(database_url=home.database_url, lake_roots=[str(home.lake)], app_id=APP_ID,
+                        lease_seconds=LEASE_SECONDS, heartbeat_seconds=0.3)
+    api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
+    try:
+        ids: dict[str, str] = {}
+        crash_at: dict[str, str] = {}
+        for point in CRASH_POINTS:
+            table = home.lake / point
+            create_table(table)
+            response = api.post("/merges", json=upsert(table, [{"id": 2, "name": "Bea", "n": 1},
+                                                               {"id": 4, "name": "Dan", "n": 1}]))
+            assert response.status_code == 202, response.text
+            ids[point] = response.json()["id"]
+            crash_at[jobs.get(ids[point]).target_key] = point
+
+        doomed = [home.worker(f"doomed-{i}", crash_at=crash_at) for i in range(len(CRASH_POINTS))]
+        markers = [home.markers / f"{ids[point]}.{point}" for point in CRASH_POINTS]
+        wait_for(lambda: all(m.exists() for m in markers), "every worker parked at its crash point",
+                 START_TIMEOUT + 60, alive_all=[p for p, _ in doomed], logs=[log for _, log in doomed])
+        parked = {point: jobs.get(ids[point]) for point in CRASH_POINTS}
+        versions = {point: DeltaTable(str(home.lake / point)).version() for point in CRASH_POINTS}
+        txns = {point: txn_of(home.lake / point, 1) if versions[point] >= 1 else None for point in CRASH_POINTS}
+
+        for proc, _ in doomed:
+            proc.send_signal(signal.SIGKILL)
+        for proc, _ in doomed:
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+
+        rescuers = [home.worker(f"rescuer-{i}") for i in range(2)]
+        wait_for(lambda: all(jobs.get(i).finished for i in ids.values()), "every job finished after the crash",
+                 JOB_TIMEOUT, alive_all=[p for p, _ in rescuers], logs=[log for _, log in rescuers])
+        yield {
+            point: Crash(point=point, table=home.lake / point, parked=parked[point], parked_version=versions[point],
+                         parked_txn=txns[point], job=jobs.get(ids[point]))
+            for point in CRASH_POINTS
+        }
+    finally:
+        home.close()
+        jobs.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_sigkill_at_each_crash_point_applies_the_merge_exactly_once(point: str, crashes: dict[str, Crash]) -> None:
+    crash = crashes[point]
+    # While the worker was parked: the job row said running, in the phase it had reached.
+    assert crash.parked.status is Status.RUNNING and crash.parked.attempts == 1, crash.parked
+    assert crash.parked.phase.value == ("committing" if point == "after_commit" else point)
+    if point == "after_commit":  # the commit was in the Delta log, the job row did not know it yet
+        assert crash.parked_version == 1
+        assert crash.parked_txn == (APP_ID, crash.parked.seq)
+        assert crash.parked.table_version is None
+    else:
+        assert crash.parked_version == 0
+
+    job = crash.job
+    assert job.status is Status.SUCCEEDED, job
+    assert job.attempts == 2, job
+    assert job.table_version == 1
+    assert job.error is None
+    assert_merged_once(crash.table, [job])
+    assert table_rows(crash.table) == {"id": [1, 2, 3, 4], "name": ["Ann", "Bea", "Cid", "Dan"],
+                                       "n": [0, 1, 0, 1]}
+    commit = DeltaTable(str(crash.table)).history(1)[0]
+    assert commit["operationMetrics"]["numTargetRowsUpdated"] == "1"
+    assert commit["operationMetrics"]["numTargetRowsInserted"] == "1"
+    if point != "after_commit":  # the attempt that committed recorded the merge's own counts
+        assert job.result == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
+                              "num_inserted_rows": 1}
+
+
+def serve(home: Home, name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    port = free_port()
+    proc, log = home.spawn([str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)], name,
+                           MERGE_SERVICE_WORKERS="1")
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, f"{name} answers /healthz", START_TIMEOUT, alive_all=[proc], logs=[log])
+    return proc, base, log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_restart_with_one_job_running_and_two_queued(home: Home, jobs: JobManager) -> None:
+    table = home.lake / "orders"
+    create_table(table)
+    first, base, first_log = serve(home, "serve-1")
+    ids = []
+    for k in (1, 2, 3):  # each job sets row 1's n to k and adds row 10+k: the final row 1 tells the order
+        response = httpx.post(f"{base}/merges", timeout=30, json=upsert(
+            table, [{"id": 1, "name": f"Ann{k}", "n": k}, {"id": 10 + k, "name": f"New{k}", "n": k}]))
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+
+    wait_for(lambda: jobs.get(ids[0]).status is Status.RUNNING, "the first job runs", START_TIMEOUT,
+             alive_all=[first], logs=[first_log])
+    before = [jobs.get(i) for i in ids]
+    assert [j.status for j in before[1:]] == [Status.QUEUED, Status.QUEUED], before
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=90) == 0, _tails([first_log])
+    stopped = [jobs.get(i) for i in ids]
+    assert all(j.status in (Status.QUEUED, Status.SUCCEEDED) for j in stopped), stopped
+    assert [j.status for j in stopped[1:]] == [Status.QUEUED, Status.QUEUED], "a stopping service claims nothing"
+
+    second, _, second_log = serve(home, "serve-2")
+    wait_for(lambda: all(jobs.get(i).finished for i in ids), "all jobs finished after the restart", JOB_TIMEOUT,
+             alive_all=[second], logs=[second_log])
+
+    done = [jobs.get(i) for i in ids]
+    assert [j.seq for j in done] == sorted(j.seq for j in done)
+    assert_merged_once(table, done)
+    assert [j.started_at for j in done] == sorted(j.started_at for j in done)  # type: ignore[type-var]
+    data = table_rows(table)
+    assert data == {"id": [1, 2, 3, 11, 12, 13], "name": ["Ann3", "Bob", "Cid", "New1", "New2", "New3"],
+                    "n": [3, 0, 0, 1, 2, 3]}
