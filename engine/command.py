@@ -184,10 +184,7 @@ class MergeIntoCommand:
             if self.txn is not None:
                 applied = snapshot.app_transaction_version(self.txn.app_id)
                 if applied is not None and applied >= self.txn.version:
-                    return MergeResult(
-                        table_version=_version_with_txn(snapshot, self.txn), result=_result_row(self.metrics),
-                        metrics={}, already_applied=True,
-                    )
+                    return _already_applied(snapshot, self.txn)
             if any(isinstance(c.action, (UpdateAction, DeleteAction)) for c in self.spec.clauses):
                 delta.check_can_modify(snapshot)
             wrote = True
@@ -474,7 +471,16 @@ def _partitions(snapshot: Any, files: list[Any]) -> int:
     return len({tuple(sorted(f.partition_values.items(), key=lambda kv: kv[0])) for f in files})
 
 
-def _version_with_txn(snapshot: Any, txn: AppTransaction) -> int:
-    """The version whose commit carries ``txn`` (searched from the newest commit back)."""
-    found = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
-    return found if found is not None else snapshot.version
+def _already_applied(snapshot: Any, txn: AppTransaction) -> MergeResult:
+    """The result of a merge an earlier attempt committed, read back from that commit's operationMetrics."""
+    version = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
+    metrics: dict[str, int] = {}
+    if version is not None:
+        recorded = delta.commit_info(snapshot, version).get("operationMetrics") or {}
+        for key, value in recorded.items():
+            with contextlib.suppress(TypeError, ValueError):
+                metrics[key] = int(value)
+    return MergeResult(
+        table_version=version if version is not None else snapshot.version,
+        result=_result_row(metrics), metrics=metrics, already_applied=True,
+    )

@@ -14,7 +14,7 @@ from engine.delta.actions import (
     RemoveFile,
     SetTransaction,
 )
-from engine.delta.app_transactions import find_app_transaction_commit
+from engine.delta.app_transactions import commit_info, find_app_transaction_commit
 from engine.delta.features import check_can_modify, check_supported
 from engine.delta.scan import FILE_NAME_COL, ROW_INDEX_COL, scan_files
 from engine.delta.skipping import FilePredicate, prune_files
@@ -45,6 +45,7 @@ __all__ = [
     "Transaction",
     "check_can_modify",
     "check_supported",
+    "commit_info",
     "discard_write",
     "find_app_transaction_commit",
     "load_snapshot",

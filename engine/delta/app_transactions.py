@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from engine.delta.snapshot import Snapshot
 
@@ -28,3 +29,18 @@ def find_app_transaction_commit(snapshot: Snapshot, app_id: str, version: int) -
         except FileNotFoundError:
             return None
     return None
+
+
+def commit_info(snapshot: Snapshot, version: int) -> dict[str, Any]:
+    """The ``commitInfo`` action of one commit ({} when the log no longer holds that commit)."""
+    path = os.path.join(snapshot.root, "_delta_log", f"{version:020d}.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if '"commitInfo"' in line:
+                    info = json.loads(line).get("commitInfo")
+                    if isinstance(info, dict):
+                        return info
+    except FileNotFoundError:
+        return {}
+    return {}

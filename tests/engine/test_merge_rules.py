@@ -105,6 +105,9 @@ def test_an_applied_txn_is_not_applied_again(spark: SparkSession, tmp_path: Path
     again = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT), txn=txn)
     assert again.already_applied
     assert again.table_version == 1
+    # The result is the committed merge's own, read back from its commit.
+    assert again.result == first.result
+    assert again.metrics["numTargetRowsInserted"] == first.metrics["numTargetRowsInserted"]
     assert DeltaTable(str(target)).version() == 1
     assert DeltaTable(str(target)).transaction_version("merge-service-test") == 7
 
