@@ -377,7 +377,9 @@ class Worker:
         except BaseException as exc:  # the attempt's outcome is recorded whatever went wrong
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
+            control.stop()  # the attempt is over: no heartbeat may race the recording of its outcome
             return self._record_failure(job, control, exc)
+        control.stop()
         try:
             self.manager.succeed(
                 lease,
