@@ -112,9 +112,11 @@ def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: J
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
+# Production's backend: the order test runs on PostgreSQL only, with three worker processes.
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_three_workers_keep_per_table_order_through_a_restart(jobs_db: JobManager, workers: Workers) -> None:
-    if jobs_db.engine.dialect.name != "postgresql":
-        pytest.skip("the multi-process order test runs on PostgreSQL")
+    assert jobs_db.engine.dialect.name == "postgresql"
     tables = [f"/lake/t{i}" for i in range(5)]
     ids: dict[str, list[str]] = {t: [] for t in tables}
     for i in range(150):
