@@ -214,15 +214,9 @@ class ClassicMergeExecutor:
                 observed, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
                 [F.col(n) for n in preimage_names], dedup_columns,
             ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-            # Data and change rows come out of one pass; both writes read it from the cache.
-            rows = rows.persist()
-            try:
-                added = write_output(ctx, rows.where(F.col(CDC_TYPE_COL).isNull()).drop(CDC_TYPE_COL))
-                changes = rows.where(F.col(CDC_TYPE_COL).isNotNull())
-                cdc_files = delta.write_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=ctx.write_id,
-                                                  schema=output_schema(ctx))
-            finally:
-                rows.unpersist()
+            # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
+            added, cdc_files = delta.write_data_and_cdc_files(ctx.spark, rows, ctx.snapshot, write_id=ctx.write_id,
+                                                              schema=output_schema(ctx))
         else:
             output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
             added = write_output(ctx, output)

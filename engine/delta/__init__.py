@@ -25,6 +25,7 @@ from engine.delta.write import (
     discard_write,
     target_partitions,
     write_cdc_files,
+    write_data_and_cdc_files,
     write_data_files,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "scan_files",
     "target_partitions",
     "write_cdc_files",
+    "write_data_and_cdc_files",
     "write_data_files",
 ]

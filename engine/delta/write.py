@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from engine.delta.values import field_at, normalize_partition_text, strip_nullab
 
 CHANGE_DATA_DIR = "_change_data"
 CHANGE_TYPE_COL = "_change_type"
+CDC_PARTITION_COL = "__is_cdc"
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 NOT_NULL_MARKER = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
 
@@ -174,6 +176,35 @@ def _session_tz(spark: SparkSession) -> str:
         return "UTC"
 
 
+def _adds(snapshot: Snapshot, written: list[tuple[str, str, dict[str, str | None], os.stat_result]],
+          data_schema: T.StructType) -> list[AddFile]:
+    adds = []
+    for relative, absolute, values, stat in written:
+        footer = pq.read_metadata(absolute)
+        if footer.num_rows == 0:
+            os.remove(absolute)  # Spark writes an empty file for an empty input; Delta needs none.
+            continue
+        adds.append(AddFile(
+            path=encode_log_path(relative),
+            size=stat.st_size,
+            partition_values=values,
+            modification_time=int(stat.st_mtime * 1000),
+            data_change=True,
+            stats=stats_from_footer(footer, data_schema, snapshot.configuration),
+        ))
+    return adds
+
+
+def _cdcs(written: list[tuple[str, str, dict[str, str | None], os.stat_result]]) -> list[AddCDCFile]:
+    cdcs = []
+    for relative, absolute, values, stat in written:
+        if pq.read_metadata(absolute).num_rows == 0:
+            os.remove(absolute)
+            continue
+        cdcs.append(AddCDCFile(path=encode_log_path(relative), partition_values=values, size=stat.st_size))
+    return cdcs
+
+
 def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
                      partition_columns: Sequence[str] | None = None,
                      schema: T.StructType | str | dict[str, Any] | None = None) -> list[AddFile]:
@@ -190,25 +221,10 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
     try:
         _write(spark, conformed, out_dir, list(parts))
         written = _list_written(snapshot.root, write_id, parts, _session_tz(spark))
-        data_schema = T.StructType([f for f in target.fields if f.name not in parts])
-        adds = []
-        for relative, absolute, values, stat in written:
-            footer = pq.read_metadata(absolute)
-            if footer.num_rows == 0:
-                os.remove(absolute)  # Spark writes an empty file for an empty input; Delta needs none.
-                continue
-            adds.append(AddFile(
-                path=encode_log_path(relative),
-                size=stat.st_size,
-                partition_values=values,
-                modification_time=int(stat.st_mtime * 1000),
-                data_change=True,
-                stats=stats_from_footer(footer, data_schema, snapshot.configuration),
-            ))
+        return _adds(snapshot, written, T.StructType([f for f in target.fields if f.name not in parts]))
     except BaseException:
         snapshot.storage.delete(write_id)
         raise
-    return adds
 
 
 def write_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
@@ -224,17 +240,59 @@ def write_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, w
     _check_fresh(out_dir)
     try:
         _write(spark, conformed, out_dir, list(parts))
-        written = _list_written(snapshot.root, rel_dir, parts, _session_tz(spark))
-        cdcs = []
-        for relative, absolute, values, stat in written:
-            if pq.read_metadata(absolute).num_rows == 0:
-                os.remove(absolute)
-                continue
-            cdcs.append(AddCDCFile(path=encode_log_path(relative), partition_values=values, size=stat.st_size))
+        return _cdcs(_list_written(snapshot.root, rel_dir, parts, _session_tz(spark)))
     except BaseException:
         snapshot.storage.delete(rel_dir)
         raise
-    return cdcs
+
+
+def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
+                             schema: T.StructType | str | dict[str, Any] | None = None
+                             ) -> tuple[list[AddFile], list[AddCDCFile]]:
+    """Write table rows and Change Data Feed rows in one Spark write: ``df`` has the table's columns plus
+    ``_change_type``, NULL on the rows of the new table version. Delta's own ``__is_cdc`` partition: the rows
+    are split by it as the first partition column, then the change files move to ``_change_data/<write_id>/``
+    and the data files up to ``<write_id>/``. The data files keep the all-NULL ``_change_type`` column, as
+    Delta's do; readers skip columns outside the table schema. Answers the ``add`` and ``cdc`` actions."""
+    _check_write_id(write_id)
+    target = _resolve_schema(snapshot, schema)
+    parts = _partition_types(target, snapshot.partition_columns)
+    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
+    split = conformed.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
+    cdc_rel = f"{CHANGE_DATA_DIR}/{write_id}"
+    out_dir = os.path.join(snapshot.root, write_id)
+    cdc_dir = os.path.join(snapshot.root, CHANGE_DATA_DIR, write_id)
+    _check_fresh(out_dir)
+    _check_fresh(cdc_dir)
+    try:
+        _write(spark, split, out_dir, [CDC_PARTITION_COL, *parts])
+        _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=true"), cdc_dir)
+        _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=false"), out_dir)
+        tz = _session_tz(spark)
+        adds = _adds(snapshot, _list_written(snapshot.root, write_id, parts, tz),
+                     T.StructType([f for f in target.fields if f.name not in parts]))
+        cdcs = _cdcs(_list_written(snapshot.root, cdc_rel, parts, tz))
+    except BaseException:
+        snapshot.storage.delete(write_id)
+        snapshot.storage.delete(cdc_rel)
+        raise
+    return adds, cdcs
+
+
+def _move_tree(source: str, destination: str) -> None:
+    """Move the Parquet files under ``source`` to the same relative places under ``destination``, then drop
+    ``source``. A rename on one file system: no data is copied."""
+    if not os.path.isdir(source):
+        return
+    for folder, _dirs, names in os.walk(source):
+        relative = os.path.relpath(folder, source)
+        target_folder = os.path.normpath(os.path.join(destination, relative))
+        for name in names:
+            if name.startswith(("_", ".")):
+                continue  # Spark's _SUCCESS and .crc files stay behind and go with the folder.
+            os.makedirs(target_folder, exist_ok=True)
+            os.replace(os.path.join(folder, name), os.path.join(target_folder, name))
+    shutil.rmtree(source)
 
 
 def discard_write(snapshot: Snapshot, write_id: str) -> None:

@@ -23,6 +23,7 @@ from engine.delta import (
     discard_write,
     load_snapshot,
     write_cdc_files,
+    write_data_and_cdc_files,
     write_data_files,
 )
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
@@ -241,6 +242,41 @@ def test_change_data_files_read_by_deltalake(spark: SparkSession, lake: Path) ->
     rows = pa.table(changes_read).select(["id", "p", "_change_type", "_commit_version"]).to_pylist()
     assert rows == [{"id": 1, "p": "a", "_change_type": "delete", "_commit_version": version}]
     assert sorted_rows(DeltaTable(str(table)).to_pyarrow_table()) == [{"id": 2, "p": "b"}]
+
+
+def test_data_and_change_rows_in_one_write(spark: SparkSession, lake: Path) -> None:
+    """Delta's __is_cdc split: one Spark write gives data files under the write's folder and change files under
+    _change_data/, each with its partition values, and no __is_cdc folder is left."""
+    table = lake / "cdf-one-pass"
+    write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["x", "y", "z"],
+                                          "p": ["a", "b", "b"]}),
+                    partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    snapshot = load_snapshot(str(table))
+    rows = spark.sql("""
+        SELECT * FROM VALUES
+          (1L, 'x', 'a', 'update_preimage'), (1L, 'x2', 'a', 'update_postimage'), (1L, 'x2', 'a', NULL),
+          (2L, 'y', 'b', 'delete'), (3L, 'z', 'b', NULL), (4L, 'w', 'c', 'insert'), (4L, 'w', 'c', NULL)
+        AS t(id, v, p, _change_type)""")
+    adds, cdcs = write_data_and_cdc_files(spark, rows, snapshot, write_id="m1")
+    assert sorted((a.partition_values["p"], a.stats.num_records) for a in adds) == [("a", 1), ("b", 1), ("c", 1)]
+    assert all(a.path.startswith(f"m1/p={a.partition_values['p']}/") for a in adds)
+    assert sorted(c.partition_values["p"] for c in cdcs) == ["a", "b", "c"]
+    assert all(c.path.startswith(f"_change_data/m1/p={c.partition_values['p']}/") for c in cdcs)
+    assert not [d for d in os.listdir(table / "m1") if d.startswith("__is_cdc")]
+    assert not list((table / "_change_data" / "m1").glob("**/__is_cdc*"))
+    version = Transaction(snapshot).commit([*[f.to_remove() for f in snapshot.files], *adds, *cdcs],
+                                           operation="MERGE", operation_parameters={"predicate": "id = id"})
+    assert sorted_rows(DeltaTable(str(table)).to_pyarrow_table()) == [
+        {"id": 1, "v": "x2", "p": "a"}, {"id": 3, "v": "z", "p": "b"}, {"id": 4, "v": "w", "p": "c"}]
+    read = DeltaTable(str(table)).load_cdf(starting_version=version, ending_version=version).read_all()
+    changes = sorted(tuple(r.values()) for r in pa.table(read).select(["id", "v", "p", "_change_type"]).to_pylist())
+    assert changes == [(1, "x", "a", "update_preimage"), (1, "x2", "a", "update_postimage"), (2, "y", "b", "delete"),
+                       (4, "w", "c", "insert")]
+    # A failed write leaves neither folder behind.
+    bad = spark.sql("SELECT 'not a number' AS id, 'v' AS v, 'a' AS p, CAST(NULL AS STRING) AS _change_type")
+    with pytest.raises(WriteSchemaMismatchError):
+        write_data_and_cdc_files(spark, bad, load_snapshot(str(table)), write_id="m2")
+    assert not (table / "m2").exists() and not (table / "_change_data" / "m2").exists()
 
 
 def test_empty_input_writes_no_files(spark: SparkSession, lake: Path) -> None:
