@@ -153,7 +153,7 @@ class JobManager:
 
     def ping(self) -> None:
         with self._tx(write=False) as conn:
-            conn.execute(select(1))
+            conn.execute(select(1)).scalar_one()
 
     def schema_at_head(self) -> bool:
         try:

@@ -1,0 +1,150 @@
+"""The SQLite engine's connection pool: connections are reused, concurrent writers (threads of one process and a
+second engine, as another process would have) all land, and no idle pooled connection pins a WAL read snapshot,
+which an outside checkpoint would report as busy."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, select
+
+from service.errors import LeaseLostError
+from service.jobs import NewJob, Phase
+from service.manager import JobManager
+from service.models import jobs
+
+DONE = {"num_affected_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0, "num_inserted_rows": 0}
+
+
+@pytest.fixture
+def db_file(tmp_path: Path) -> Path:
+    return tmp_path / "jobs.db"
+
+
+@pytest.fixture
+def pooled(db_file: Path) -> JobManager:
+    manager = JobManager.from_url(f"sqlite:///{db_file}")
+    manager.migrate()
+    return manager
+
+
+def new(target: str) -> NewJob:
+    return NewJob(target=target, target_key=target, spec={"sql": f"MERGE INTO {target}"}, dry_run=False)
+
+
+def checkpoint(db_file: Path) -> tuple[int, int, int]:
+    """``PRAGMA wal_checkpoint(TRUNCATE)`` from an outside connection: (busy, log frames, checkpointed frames).
+    It is busy while any other connection holds a read snapshot or the write lock."""
+    outside = sqlite3.connect(db_file, isolation_level=None, timeout=5)
+    try:
+        busy, log, done = outside.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return int(busy), int(log), int(done)
+    finally:
+        outside.close()
+
+
+def test_connections_are_reused(pooled: JobManager) -> None:
+    opened: list[object] = []
+    event.listen(pooled.engine, "connect", lambda conn, _record: opened.append(conn))
+    job, _ = pooled.submit(new("/lake/a"))
+    for _ in range(50):
+        pooled.get(job.id)
+        pooled.list_jobs(limit=5)
+    pooled.submit(new("/lake/a"))
+    assert len(opened) <= 1
+    pooled.dispose()
+
+
+def test_idle_pooled_connections_pin_no_read_snapshot(pooled: JobManager, db_file: Path) -> None:
+    # Every kind of call the API and a worker make, each leaving its connection in the pool.
+    first, _ = pooled.submit(new("/lake/a"))
+    pooled.submit(new("/lake/b"))
+    pooled.get(first.id)
+    pooled.get_spec(first.id)
+    pooled.list_jobs(limit=1)
+    pooled.queue_stats()
+    pooled.ping()
+    assert pooled.schema_at_head()
+    claimed = pooled.claim("w1")
+    assert claimed is not None
+    pooled.heartbeat(claimed.lease)
+    pooled.succeed(claimed.lease, table_version=1, result=DONE, metrics={"numSourceRows": 1})
+    with pytest.raises(LeaseLostError):
+        pooled.heartbeat(claimed.lease)
+    with pytest.raises(RuntimeError), pooled._tx(write=True) as conn:  # a transaction abandoned half-way
+        conn.execute(select(jobs.c.id)).first()
+        raise RuntimeError("abandoned")
+    raw = pooled.engine.raw_connection()  # a driver-level transaction left open by whoever borrowed it
+    cursor = raw.cursor()
+    cursor.execute("BEGIN")
+    cursor.execute("SELECT count(*) FROM merge_jobs").fetchone()
+    cursor.close()
+    raw.close()
+    # Hold several connections at once so the pool keeps more than one idle afterwards.
+    held = [pooled.engine.connect() for _ in range(3)]
+    for conn in held:
+        conn.execute(select(jobs.c.seq)).all()
+        conn.close()
+    assert pooled.engine.pool.checkedin() >= 3  # type: ignore[attr-defined]
+    busy, log, done = checkpoint(db_file)
+    assert busy == 0 and log == done
+    # The pool still works after the outside checkpoint reset the WAL.
+    assert pooled.get(first.id).id == first.id
+    pooled.dispose()
+
+
+def test_concurrent_writers_all_land(pooled: JobManager, db_file: Path) -> None:
+    other = JobManager.from_url(f"sqlite:///{db_file}")  # a second engine, as another process would have
+    errors: list[BaseException] = []
+    submitted: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    finished: list[str] = []
+
+    def submitter(manager: JobManager, name: str) -> None:
+        try:
+            for i in range(25):
+                job, created = manager.submit(new(f"/lake/{name}-{i % 3}"))
+                assert created
+                manager.get(job.id)
+                with lock:
+                    submitted.append((job.id, job.seq))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def worker() -> None:
+        try:
+            while not stop.is_set() or other.queue_stats().depth:
+                claimed = other.claim("w")
+                if claimed is None:
+                    time.sleep(0.005)
+                    continue
+                other.set_phase(claimed.lease, Phase.WRITING)
+                other.succeed(claimed.lease, table_version=1, result=DONE, metrics={"numSourceRows": 1})
+                finished.append(claimed.lease.job_id)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submitter, args=(pooled if n % 2 else other, f"s{n}")) for n in range(8)]
+    claimer = threading.Thread(target=worker)
+    claimer.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    claimer.join(timeout=60)
+    assert not errors, errors
+    assert len(submitted) == 200 and len({seq for _, seq in submitted}) == 200
+    assert sorted(finished) == sorted(job_id for job_id, _ in submitted)
+    with pooled.engine.connect() as conn:
+        rows = conn.execute(select(jobs.c.status)).scalars().all()
+    assert rows.count("succeeded") == 200
+    busy, log, done = checkpoint(db_file)
+    assert busy == 0 and log == done
+    other.dispose()
+    pooled.dispose()
