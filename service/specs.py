@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -69,7 +71,7 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
         target = body.target
         dry_run = body.dry_run
     try:
-        spec = _guard(body, lambda: engine.validate_spec(spec))
+        spec = _guard(body, lambda: VALID_EXPRESSIONS.validate(spec))
     except engine_errors.MergeSpecError as exc:
         message = str(exc)
         if isinstance(body, SqlMergeIn):
@@ -80,6 +82,52 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
         raise RequestValidationProblem(field, message, title=exc.title) from exc
     _check_rows(spec)
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
+
+
+class ValidExpressions:
+    """Remembers the expression parts of specs that ``engine.validate_spec`` accepted.
+
+    That check reads only the aliases, the ON condition and the clauses (never the target or the source), and
+    parsing their expressions with sqlglot is most of a submission's CPU; integrations send the same few merges
+    again and again. Only acceptance is remembered: a spec that fails is checked anew, so its 422 is unchanged.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(spec: Any) -> Hashable:
+        def action(a: Any) -> Hashable:
+            assignments = getattr(a, "set", None) or getattr(a, "values", None) or {}
+            return type(a).__name__, getattr(a, "star", False), tuple(assignments.items())
+
+        return (
+            spec.on,
+            spec.target_alias,
+            spec.source_alias,
+            tuple(
+                tuple((c.clause_type, c.condition, action(c.action)) for c in group)
+                for group in (spec.matched, spec.not_matched, spec.not_matched_by_source)
+            ),
+        )
+
+    def validate(self, spec: Any) -> Any:
+        key = self.key(spec)
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return spec
+        spec = engine.validate_spec(spec)
+        with self._lock:
+            self._seen[key] = None
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+        return spec
+
+
+VALID_EXPRESSIONS = ValidExpressions()
 
 
 def _guard(body: StructuredMergeIn | SqlMergeIn, step: Callable[[], T]) -> T:

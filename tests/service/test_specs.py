@@ -1,0 +1,67 @@
+"""The memo of accepted expression sets: a repeated merge is not parsed again, anything else still is, and a
+spec the engine refuses is refused every time."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import engine
+import engine.errors as engine_errors
+from service import specs
+from service.specs import ValidExpressions
+
+
+def spec(on: str = "t.id = s.id", *, target: str = "/lake/a", rows: int = 1, value: str = "s.amount") -> Any:
+    return engine.MergeSpec(
+        target=target,
+        source=engine.RowsSource(rows=[{"id": i} for i in range(rows)]),
+        on=on,
+        matched=(engine.MergeClause(clause_type="matched", action=engine.UpdateAction(set={"amount": value})),),
+        not_matched=(engine.MergeClause(clause_type="notMatched", action=engine.InsertAction(star=True)),),
+        target_alias="t",
+        source_alias="s",
+    )
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    seen: list[Any] = []
+    real = engine.validate_spec
+
+    def counting(s: Any) -> Any:
+        seen.append(s)
+        return real(s)
+
+    monkeypatch.setattr(specs.engine, "validate_spec", counting)
+    return seen
+
+
+def test_a_repeated_merge_is_validated_once(calls: list[Any]) -> None:
+    memo = ValidExpressions()
+    first = spec()
+    assert memo.validate(first) is first
+    # Target and source are not part of what the engine checks here.
+    other_data = spec(target="/lake/b", rows=3)
+    assert memo.validate(other_data) is other_data
+    assert len(calls) == 1
+    memo.validate(spec(value="s.amount * 2"))
+    memo.validate(dataclasses.replace(spec(), source_alias="src", on="t.id = src.id"))
+    assert len(calls) == 3
+
+
+def test_refused_specs_are_refused_every_time(calls: list[Any]) -> None:
+    memo = ValidExpressions()
+    for _ in range(2):
+        with pytest.raises(engine_errors.MergeSpecError, match="rand"):
+            memo.validate(spec(on="t.id = s.id AND rand() > 0.5"))
+    assert len(calls) == 2
+
+
+def test_the_memo_is_bounded(calls: list[Any]) -> None:
+    memo = ValidExpressions(size=2)
+    for on in ("t.id = s.id", "t.id = s.id + 1", "t.id = s.id + 2", "t.id = s.id"):
+        memo.validate(spec(on=on))
+    assert len(calls) == 4  # the first was evicted by the third
