@@ -5,6 +5,7 @@ that costs more than the dependency itself."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Annotated
 
@@ -44,20 +45,24 @@ _bearer = HTTPBearer(auto_error=False, description="Required when the deployment
 async def require_token(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Bearer tokens, compared in constant time against every configured token."""
+) -> str:
+    """Bearer tokens, compared in constant time against every configured token. Answers who is calling: the
+    fingerprint of the caller's token, or "" when the deployment has no tokens (everyone is one caller)."""
     if not settings.api_tokens:
-        return
+        return ""
     given = credentials.credentials.encode() if credentials is not None else b""
-    ok = False
+    matched: bytes | None = None
     for token in settings.api_tokens:
-        ok |= hmac.compare_digest(given, token.encode())
-    if credentials is None or not ok:
+        if hmac.compare_digest(given, token.encode()):
+            matched = token.encode()
+    if credentials is None or matched is None:
         raise HTTPException(
             status_code=401,
             detail="A valid bearer token is required (Authorization: Bearer <token>).",
             headers={"WWW-Authenticate": 'Bearer realm="merge-service"'},
         )
+    return hashlib.sha256(matched).hexdigest()
 
 
-AuthDep = Annotated[None, Depends(require_token)]
+AuthDep = Annotated[str, Depends(require_token)]
+"""The caller's identity (see ``require_token``); declaring it makes an endpoint require a token."""

@@ -110,6 +110,8 @@ class NewJob:
     dry_run: bool
     idempotency_key: str | None = None
     request_hash: str | None = None
+    idempotency_scope: str = ""
+    """Who the key belongs to: the fingerprint of the caller's token ("" without tokens)."""
 
 
 @dataclass(frozen=True)

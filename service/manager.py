@@ -187,6 +187,7 @@ class JobManager:
                         submitted_at=now,
                         attempts=0,
                         idempotency_key=new.idempotency_key,
+                        idempotency_scope=new.idempotency_scope,
                         request_hash=new.request_hash,
                         cancel_requested=False,
                         next_run_at=now,
@@ -207,7 +208,9 @@ class JobManager:
     def _by_idempotency_key(self, new: NewJob) -> JobRecord | None:
         with self._tx(write=False) as conn:
             row = conn.execute(
-                select(*RECORD_COLUMNS, jobs.c.request_hash).where(jobs.c.idempotency_key == new.idempotency_key)
+                select(*RECORD_COLUMNS, jobs.c.request_hash).where(
+                    jobs.c.idempotency_scope == new.idempotency_scope, jobs.c.idempotency_key == new.idempotency_key
+                )
             ).first()
         if row is None:
             return None

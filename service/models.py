@@ -64,6 +64,8 @@ class Job(Base):
             sqlite_where=text("status = 'running'"),
             postgresql_where=text("status = 'running'"),
         ),
+        # An Idempotency-Key names one job per caller (per API token; one scope when there are no tokens).
+        Index("ux_merge_jobs_idempotency", "idempotency_scope", "idempotency_key", unique=True),
         {"sqlite_autoincrement": True},
     )
 
@@ -83,7 +85,9 @@ class Job(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     error: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    idempotency_scope: Mapped[str] = mapped_column(String(64), nullable=False, default="", server_default="")
+    """The fingerprint of the caller's API token, or empty when the deployment has no tokens."""
     request_hash: Mapped[str | None] = mapped_column(String(64))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -89,7 +89,7 @@ def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
 )
 def submit_merge(
     body: Annotated[MergeRequest, Body()],
-    _auth: AuthDep,
+    caller: AuthDep,
     manager: ManagerDep,
     roots: RootsDep,
     metrics: MetricsDep,
@@ -111,6 +111,7 @@ def submit_merge(
             dry_run=built.dry_run,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
+            idempotency_scope=caller,
         )
     )
     if created:

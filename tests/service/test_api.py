@@ -186,6 +186,26 @@ def test_idempotency_key(client: TestClient, target: str) -> None:
     assert queued(client) == 1
 
 
+def test_idempotency_key_is_scoped_per_token(settings: Settings, target: str) -> None:
+    secured = settings.model_copy(update={"api_tokens": ["s3cret", "other"]})
+    manager = JobManager.from_url(secured.database_url)
+    manager.migrate()
+    client = TestClient(create_app(secured, manager=manager))
+    alice = {"Idempotency-Key": "nightly", "Authorization": "Bearer s3cret"}
+    bob = {"Idempotency-Key": "nightly", "Authorization": "Bearer other"}
+    first = client.post("/merges", json=spec(target), headers=alice)
+    second = client.post("/merges", json=spec(target), headers=bob)
+    assert (first.status_code, second.status_code) == (202, 202)
+    assert first.json()["id"] != second.json()["id"]
+    again = client.post("/merges", json=spec(target), headers=alice)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    other_body = spec(target, on="t.id = s.id AND t.amount > 0")
+    assert_problem(client.post("/merges", json=other_body, headers=bob), 409)
+    assert client.post("/merges", json=other_body, headers={**alice, "Idempotency-Key": "n2"}).status_code == 202
+    assert len(manager.list_jobs()[0]) == 3
+    manager.dispose()
+
+
 def test_pagination_newest_first(client: TestClient, target: str) -> None:
     ids = [client.post("/merges", json=spec(target)).json()["id"] for _ in range(5)]
     page1 = client.get("/merges", params={"limit": 2}).json()

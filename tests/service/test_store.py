@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert, update
+from sqlalchemy import insert, text, update
 from sqlalchemy.exc import IntegrityError
 
 from service.errors import (
@@ -53,6 +53,19 @@ def test_idempotency_key(store: JobManager) -> None:
     with pytest.raises(IdempotencyConflictError):
         store.submit(new(idempotency_key="k1", request_hash="h2"))
     assert len(store.list_jobs()[0]) == 1
+
+
+def test_idempotency_keys_are_scoped_per_caller(store: JobManager) -> None:
+    alice, created_alice = store.submit(new(idempotency_key="k", request_hash="h1", idempotency_scope="alice"))
+    bob, created_bob = store.submit(new(idempotency_key="k", request_hash="h2", idempotency_scope="bob"))
+    assert created_alice and created_bob and alice.id != bob.id
+    again, created = store.submit(new(idempotency_key="k", request_hash="h1", idempotency_scope="alice"))
+    assert again.id == alice.id and not created
+    with pytest.raises(IdempotencyConflictError):
+        store.submit(new(idempotency_key="k", request_hash="h1", idempotency_scope="bob"))
+    unscoped, created = store.submit(new(idempotency_key="k", request_hash="h3"))
+    assert created and unscoped.id not in (alice.id, bob.id)
+    assert len(store.list_jobs()[0]) == 3
 
 
 def test_idempotency_key_race(store: JobManager) -> None:
@@ -291,3 +304,32 @@ def test_schema_at_head(store: JobManager) -> None:
     with store.engine.begin() as conn:
         conn.execute(update(jobs).values(updated_at=store.clock() + timedelta(seconds=1)))
     assert store.schema_at_head()
+
+
+def test_upgrade_keeps_jobs_keys_and_the_sequence(database_url: str) -> None:
+    """From the first revision with jobs in it: rows, their keys and the seq counter survive the upgrade."""
+    from alembic import command
+
+    from service import migrate
+
+    manager = JobManager.from_url(database_url)
+    config = migrate.alembic_config(manager.engine.url.render_as_string(hide_password=False))
+    with manager.engine.connect() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "0001")
+        conn.commit()
+    with manager.engine.begin() as conn:
+        for seq, key in ((1, "k1"), (2, None), (3, "k3")):
+            conn.execute(text(
+                "INSERT INTO merge_jobs (id, status, phase, target, target_key, spec, dry_run, submitted_at, "
+                "attempts, idempotency_key, request_hash, cancel_requested, next_run_at, updated_at) VALUES "
+                "(:id, 'queued', 'queued', '/lake/a', '/lake/a', '{}', false, :now, 0, :key, 'h', false, :now, :now)"
+            ), {"id": f"0000000000000000000000000{seq}", "key": key, "now": "2026-01-01 00:00:00"})
+        conn.execute(text("DELETE FROM merge_jobs WHERE id = '00000000000000000000000003'"))
+    manager.migrate()
+    assert manager.schema_at_head()
+    again, created = manager.submit(new(idempotency_key="k1", request_hash="h"))
+    assert not created and again.id == "00000000000000000000000001"
+    fresh, created = manager.submit(new(idempotency_key="k1", request_hash="h", idempotency_scope="alice"))
+    assert created and fresh.seq > 3  # seq 3 was issued once, so it is never issued again
+    manager.dispose()
