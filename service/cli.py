@@ -48,8 +48,9 @@ def _wait_for_schema(manager: JobManager, timeout: float = SCHEMA_WAIT_SECONDS) 
 def _serve_http(app: Any, host: str, port: int, settings: Settings) -> None:
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=settings.log_level.lower(), access_log=False,
-                            log_config=None)
+    # log_config=None: uvicorn's loggers propagate to the root handler that ``configure_logging`` installed.
+    config = uvicorn.Config(app, host=host, port=port, log_level=settings.log_level.lower(),
+                            access_log=settings.access_log, log_config=None)
     uvicorn.Server(config).run()
 
 

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     """The Delta ``txn`` application id of this deployment: with a job's ``seq`` it makes commits exactly-once."""
     log_level: str = "INFO"
     log_json: bool = True
+    access_log: bool = True
+    """One log line per HTTP request (uvicorn's access log, rendered like every other line)."""
     worker_port: int = 8001
     """Where ``merge-service worker`` serves /healthz, /readyz and /metrics."""
     list_limit_max: int = 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -63,3 +64,36 @@ def test_api_process_waits_for_schema_serves_and_stops(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def test_server_and_access_logs_are_json_lines(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
+                   capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/merges/01NOSUCHJOB?x=1", timeout=5).status_code == 404
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    lines = [line for line in proc.stdout.read().decode().splitlines() if line.strip()]  # type: ignore[union-attr]
+    records = [json.loads(line) for line in lines]  # every line, uvicorn's included, is one JSON object
+    assert all({"event", "level", "timestamp"} <= set(r) for r in records)
+    server = [r for r in records if r.get("logger") == "uvicorn.error"]
+    assert any("Started server process" in r["event"] for r in server)
+    access = [r for r in records if r.get("logger") == "uvicorn.access"]
+    assert {"method": "GET", "path": "/merges/01NOSUCHJOB?x=1", "status": 404, "http_version": "1.1"}.items() \
+        <= access[-1].items()
+    assert access[-1]["client"].startswith("127.0.0.1:")
