@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import QueuePool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_LOCK_POLL_MIN = 0.0002
+WRITE_LOCK_POLL_MAX = 0.002
 SQLITE_POOL_SIZE = 8
 """Connections kept open per process. Each one holds no transaction while idle (see ``_on_checkin``)."""
 SQLITE_POOL_OVERFLOW = 32
@@ -80,7 +85,40 @@ def _sqlite_engine(url: URL) -> Engine:
     def _on_begin(conn: Connection) -> None:
         # Writers take the lock up front: a deferred transaction that reads and then writes can fail with
         # SQLITE_BUSY without waiting, whereas BEGIN IMMEDIATE waits for the busy timeout.
-        immediate = conn.get_execution_options().get("sqlite_immediate", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        if conn.get_execution_options().get("sqlite_immediate", False):
+            try:
+                begin_immediate(conn.connection.dbapi_connection)
+            except sqlite3.Error as exc:  # raised from an event, so SQLAlchemy would not wrap it
+                raise sa_exc.OperationalError("BEGIN IMMEDIATE", None, exc) from exc
+        else:
+            conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def begin_immediate(dbapi_connection: Any, timeout: float = SQLITE_BUSY_TIMEOUT_MS / 1000) -> None:
+    """``BEGIN IMMEDIATE``, waiting for the write lock in steps of at most ``WRITE_LOCK_POLL_MAX`` seconds.
+
+    SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25... ms between tries, so a writer that finds the lock
+    taken for a moment (another process's short transaction) often waits ten times longer than the lock was held.
+    """
+    deadline = time.monotonic() + timeout
+    delay = WRITE_LOCK_POLL_MIN
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA busy_timeout=0")
+        try:
+            while True:
+                try:
+                    cursor.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    busy = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+                    if not busy or time.monotonic() >= deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, WRITE_LOCK_POLL_MAX)
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cursor.close()

@@ -11,17 +11,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, and_, exists, func, insert, or_, select, text, update
+from sqlalchemy import Connection, Engine, Row, and_, bindparam, exists, func, insert, or_, select, text, update
 from sqlalchemy import exc as sa_exc
 from ulid import ULID
 
 from service import migrate
-from service.db import create_db_engine, is_sqlite
+from service.db import SQLITE_BUSY_TIMEOUT_MS, create_db_engine, is_sqlite
 from service.errors import (
     DatabaseUnavailableError,
     IdempotencyConflictError,
@@ -66,6 +67,14 @@ RECORD_COLUMNS = (
     jobs.c.metrics,
     jobs.c.error,
     jobs.c.cancel_requested,
+)
+
+# The API's hot statements, built once: SQLAlchemy then finds their compiled form by a cache key it computed once,
+# instead of building the statement and its key anew on every request.
+INSERT_JOB = insert(jobs).returning(*RECORD_COLUMNS)
+SELECT_JOB = select(*RECORD_COLUMNS).where(jobs.c.id == bindparam("job_id"))
+SELECT_BY_IDEMPOTENCY_KEY = select(*RECORD_COLUMNS, jobs.c.request_hash).where(
+    jobs.c.idempotency_scope == bindparam("scope"), jobs.c.idempotency_key == bindparam("key")
 )
 
 
@@ -120,6 +129,7 @@ class JobManager:
         self.lease = timedelta(seconds=lease_seconds)
         self.clock = clock
         self._sqlite = is_sqlite(engine)
+        self._writer_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JobManager:
@@ -131,10 +141,23 @@ class JobManager:
     # --- plumbing ------------------------------------------------------------------------------------------
 
     @contextmanager
-    def _tx(self, *, write: bool) -> Iterator[Connection]:
+    def _writer_turn(self) -> Iterator[None]:
+        """SQLite allows one writer at a time. Threads of this process wait for their turn here, woken the moment
+        the previous writer commits, instead of in SQLite's busy handler, which sleeps 1, 2, 5, 10... ms between
+        tries; the busy handler is left to arbitrate between processes."""
+        if not self._writer_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise DatabaseUnavailableError("The job database did not answer: no write turn within the timeout")
         try:
-            with self.engine.connect() as conn:
-                if write and self._sqlite:
+            yield
+        finally:
+            self._writer_lock.release()
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[Connection]:
+        sqlite_writer = write and self._sqlite
+        try:
+            with self._writer_turn() if sqlite_writer else nullcontext(), self.engine.connect() as conn:
+                if sqlite_writer:
                     conn.execution_options(sqlite_immediate=True)
                 with conn.begin():
                     yield conn
@@ -174,27 +197,23 @@ class JobManager:
                 if not self._sqlite:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _advisory_key(new.target_key)})
                 now = self.clock()
-                row = conn.execute(
-                    insert(jobs)
-                    .values(
-                        id=str(ULID.from_datetime(now)),
-                        status=Status.QUEUED.value,
-                        phase=Phase.QUEUED.value,
-                        target=new.target,
-                        target_key=new.target_key,
-                        spec=new.spec,
-                        dry_run=new.dry_run,
-                        submitted_at=now,
-                        attempts=0,
-                        idempotency_key=new.idempotency_key,
-                        idempotency_scope=new.idempotency_scope,
-                        request_hash=new.request_hash,
-                        cancel_requested=False,
-                        next_run_at=now,
-                        updated_at=now,
-                    )
-                    .returning(*RECORD_COLUMNS)
-                ).one()
+                row = conn.execute(INSERT_JOB, {
+                    "id": str(ULID.from_datetime(now)),
+                    "status": Status.QUEUED.value,
+                    "phase": Phase.QUEUED.value,
+                    "target": new.target,
+                    "target_key": new.target_key,
+                    "spec": new.spec,
+                    "dry_run": new.dry_run,
+                    "submitted_at": now,
+                    "attempts": 0,
+                    "idempotency_key": new.idempotency_key,
+                    "idempotency_scope": new.idempotency_scope,
+                    "request_hash": new.request_hash,
+                    "cancel_requested": False,
+                    "next_run_at": now,
+                    "updated_at": now,
+                }).one()
             return _record(row), True
         except sa_exc.IntegrityError:
             # Two submissions with one Idempotency-Key raced; the other one won.
@@ -208,9 +227,7 @@ class JobManager:
     def _by_idempotency_key(self, new: NewJob) -> JobRecord | None:
         with self._tx(write=False) as conn:
             row = conn.execute(
-                select(*RECORD_COLUMNS, jobs.c.request_hash).where(
-                    jobs.c.idempotency_scope == new.idempotency_scope, jobs.c.idempotency_key == new.idempotency_key
-                )
+                SELECT_BY_IDEMPOTENCY_KEY, {"scope": new.idempotency_scope, "key": new.idempotency_key}
             ).first()
         if row is None:
             return None
@@ -220,7 +237,7 @@ class JobManager:
 
     def get(self, job_id: str) -> JobRecord:
         with self._tx(write=False) as conn:
-            row = conn.execute(select(*RECORD_COLUMNS).where(jobs.c.id == job_id)).first()
+            row = conn.execute(SELECT_JOB, {"job_id": job_id}).first()
         if row is None:
             raise JobNotFoundError(job_id)
         return _record(row)

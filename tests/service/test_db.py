@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, select
 
+from service.db import SQLITE_BUSY_TIMEOUT_MS, begin_immediate
 from service.errors import LeaseLostError
 from service.jobs import NewJob, Phase
 from service.manager import JobManager
@@ -148,3 +149,27 @@ def test_concurrent_writers_all_land(pooled: JobManager, db_file: Path) -> None:
     assert busy == 0 and log == done
     other.dispose()
     pooled.dispose()
+
+
+def test_begin_immediate_waits_for_the_write_lock_and_gives_up_at_its_timeout(db_file: Path) -> None:
+    holder = sqlite3.connect(db_file, isolation_level=None, check_same_thread=False)
+    waiter = sqlite3.connect(db_file, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.05, lambda: holder.execute("COMMIT"))
+    release.start()
+    started = time.monotonic()
+    begin_immediate(waiter)
+    assert time.monotonic() - started >= 0.04
+    waiter.execute("INSERT INTO t VALUES (1)")
+    waiter.execute("COMMIT")
+    release.join()
+    holder.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        begin_immediate(waiter, timeout=0.05)
+    assert not waiter.in_transaction
+    assert waiter.execute("PRAGMA busy_timeout").fetchone()[0] == SQLITE_BUSY_TIMEOUT_MS
+    holder.execute("COMMIT")
+    holder.close()
+    waiter.close()
