@@ -78,6 +78,16 @@ def create_app(
     return app
 
 
+def create_process_app() -> FastAPI:
+    """The app of one of several API processes (``uvicorn`` factory): settings from the environment, its own
+    job store connections, and the same logging as the command that started it."""
+    from service.logs import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    return create_app(settings)
+
+
 def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
     """Error answers are ``application/problem+json``; FastAPI would document them as ``application/json``."""
     for path in schema.get("paths", {}).values():

@@ -19,7 +19,7 @@ from service.errors import DatabaseUnavailableError
 from service.logs import configure_logging
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
-from service.settings import Settings
+from service.settings import Settings, default_api_processes
 
 log = structlog.get_logger("merge-service")
 SCHEMA_WAIT_SECONDS = 60.0
@@ -45,13 +45,21 @@ def _wait_for_schema(manager: JobManager, timeout: float = SCHEMA_WAIT_SECONDS) 
         time.sleep(2.0)
 
 
-def _serve_http(app: Any, host: str, port: int, settings: Settings) -> None:
+def _serve_http(app: Any, host: str, port: int, settings: Settings, processes: int = 1) -> None:
+    """Serve ``app`` here, or with ``processes`` > 1 start that many API processes on one listening socket, each
+    building its app from the environment (``service.app:create_process_app``); this process then supervises
+    them (restarts one that dies, stops them all on SIGTERM)."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     # log_config=None: uvicorn's loggers propagate to the root handler that ``configure_logging`` installed.
-    config = uvicorn.Config(app, host=host, port=port, log_level=settings.log_level.lower(),
-                            access_log=settings.access_log, log_config=None)
-    uvicorn.Server(config).run()
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": settings.log_level.lower(),
+                               "access_log": settings.access_log, "log_config": None}
+    if processes <= 1:
+        uvicorn.Server(uvicorn.Config(app, **options)).run()
+        return
+    config = uvicorn.Config("service.app:create_process_app", factory=True, workers=processes, **options)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
 
 
 def cmd_migrate(settings: Settings) -> int:
@@ -70,7 +78,10 @@ def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, c
     return [Worker(settings, manager=manager, metrics=metrics) for _ in range(count)]
 
 
-def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True) -> int:
+def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True,
+              api_processes: int = 1) -> int:
+    """With several API processes, the merge workers run in this process, which supervises the API processes;
+    their /readyz then answers for the job database only."""
     from service.app import create_app
 
     manager = _manager(settings)
@@ -85,7 +96,7 @@ def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True
     for worker in workers:
         worker.start()
     try:
-        _serve_http(app, host, port, settings)
+        _serve_http(app, host, port, settings, api_processes if with_api else 1)
     finally:
         for worker in workers:
             worker.stop()
@@ -93,11 +104,15 @@ def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True
     return 0
 
 
-def cmd_api(settings: Settings, host: str, port: int) -> int:
+def cmd_api(settings: Settings, host: str, port: int, processes: int = 1) -> int:
     from service.app import create_app
 
     manager = _manager(settings)
     _wait_for_schema(manager)
+    if processes > 1:
+        manager.dispose()
+        _serve_http(None, host, port, settings, processes)
+        return 0
     _serve_http(create_app(settings, manager=manager), host, port, settings)
     manager.dispose()
     return 0
@@ -157,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=port)
+        if name != "worker":
+            p.add_argument("--api-processes", type=int, default=None, metavar="N",
+                           help="API server processes (default: MERGE_SERVICE_API_PROCESSES, else 1 for serve "
+                                "and one per CPU, at most 4, for api)")
     sub.add_parser("migrate", help="bring the job database's schema up to date")
     demo = sub.add_parser("demo", help="create a small Delta table and print a merge to try")
     demo.add_argument("--url", default="http://127.0.0.1:8000")
@@ -172,10 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "migrate":
             return cmd_migrate(settings)
-        if args.command == "serve":
-            return cmd_serve(settings, args.host, args.port)
-        if args.command == "api":
-            return cmd_api(settings, args.host, args.port)
+        if args.command in ("serve", "api"):
+            processes = next(n for n in (args.api_processes, settings.api_processes,
+                                         default_api_processes(args.command)) if n is not None)
+            if processes < 1:
+                raise SystemExit("merge-service: --api-processes must be at least 1")
+            if args.command == "serve":
+                return cmd_serve(settings, args.host, args.port, api_processes=processes)
+            return cmd_api(settings, args.host, args.port, processes)
         if args.command == "worker":
             return cmd_serve(settings, args.host, args.port or settings.worker_port, with_api=False, migrate=False)
         if args.command == "demo":

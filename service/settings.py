@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -28,6 +29,9 @@ class Settings(BaseSettings):
     api_tokens: CommaList = Field(default_factory=list)
     """Empty means no authentication."""
     workers: int = Field(default=1, ge=0)
+    api_processes: int | None = Field(default=None, ge=1)
+    """API server processes sharing the port. Unset: one for ``serve`` (API and workers in one process), and one
+    per CPU, at most 4, for ``api``. One process serves requests on one core (Python's GIL)."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     lease_seconds: float = Field(default=30.0, gt=0)
@@ -58,6 +62,15 @@ class Settings(BaseSettings):
         if not self.lake_roots:
             raise ValueError("at least one lake root is required")
         return self
+
+
+MAX_DEFAULT_API_PROCESSES = 4
+
+
+def default_api_processes(command: str) -> int:
+    if command == "serve":
+        return 1
+    return max(1, min(MAX_DEFAULT_API_PROCESSES, os.cpu_count() or 1))
 
 
 @lru_cache(maxsize=1)

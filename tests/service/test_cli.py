@@ -97,3 +97,46 @@ def test_server_and_access_logs_are_json_lines(tmp_path: Path) -> None:
     assert {"method": "GET", "path": "/merges/01NOSUCHJOB?x=1", "status": 404, "http_version": "1.1"}.items() \
         <= access[-1].items()
     assert access[-1]["client"].startswith("127.0.0.1:")
+
+
+def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
+    import psutil
+
+    env = {**_env(tmp_path), "MERGE_SERVICE_ACCESS_LOG": "false"}
+    (tmp_path / "lake" / "t").mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
+                   capture_output=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port), "--api-processes", "2"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        servers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(servers) == 2
+        body = {"target": str(tmp_path / "lake" / "t"), "source": {"rows": [{"id": 1}], "schema": "id BIGINT"},
+                "on": "target.id = source.id", "when_not_matched": [{"action": "insert_all"}]}
+        ids = []
+        for _ in range(20):  # new connections, so the kernel spreads them over both processes
+            with httpx.Client() as client:
+                submitted = client.post(f"http://127.0.0.1:{port}/merges", json=body, timeout=10)
+                assert submitted.status_code == 202
+                ids.append(submitted.json()["id"])
+        with httpx.Client() as client:
+            assert all(client.get(f"http://127.0.0.1:{port}/merges/{i}").status_code == 200 for i in ids)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
+    out = proc.stdout.read().decode()  # type: ignore[union-attr]
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert sum("Started server process" in r["event"] for r in records) == 2
