@@ -153,12 +153,17 @@ class JobManager:
             self._writer_lock.release()
 
     @contextmanager
-    def _tx(self, *, write: bool) -> Iterator[Connection]:
+    def _tx(self, *, write: bool, single_read: bool = False) -> Iterator[Connection]:
+        """A transaction. ``single_read``: the caller runs one SELECT, which sees one snapshot by itself, so on
+        PostgreSQL it runs in autocommit mode, without the round trips of BEGIN and COMMIT."""
         sqlite_writer = write and self._sqlite
         try:
             with self._writer_turn() if sqlite_writer else nullcontext(), self.engine.connect() as conn:
                 if sqlite_writer:
                     conn.execution_options(sqlite_immediate=True)
+                if single_read and not write and not self._sqlite:
+                    yield conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return
                 with conn.begin():
                     yield conn
         except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError) as exc:
@@ -225,7 +230,7 @@ class JobManager:
             return found, False
 
     def _by_idempotency_key(self, new: NewJob) -> JobRecord | None:
-        with self._tx(write=False) as conn:
+        with self._tx(write=False, single_read=True) as conn:
             row = conn.execute(
                 SELECT_BY_IDEMPOTENCY_KEY, {"scope": new.idempotency_scope, "key": new.idempotency_key}
             ).first()
@@ -236,7 +241,7 @@ class JobManager:
         return _record(row)
 
     def get(self, job_id: str) -> JobRecord:
-        with self._tx(write=False) as conn:
+        with self._tx(write=False, single_read=True) as conn:
             row = conn.execute(SELECT_JOB, {"job_id": job_id}).first()
         if row is None:
             raise JobNotFoundError(job_id)

@@ -1,6 +1,7 @@
-"""The SQLite engine's connection pool: connections are reused, concurrent writers (threads of one process and a
+"""The job database's engines. SQLite: connections are reused, concurrent writers (threads of one process and a
 second engine, as another process would have) all land, and no idle pooled connection pins a WAL read snapshot,
-which an outside checkpoint would report as busy."""
+which an outside checkpoint would report as busy. PostgreSQL: pooled connections that went stale while idle are
+replaced before use."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from sqlalchemy import event, select
 
-from service.db import SQLITE_BUSY_TIMEOUT_MS, begin_immediate
+from service.db import PING_AFTER_IDLE_SECONDS, SQLITE_BUSY_TIMEOUT_MS, begin_immediate
 from service.errors import LeaseLostError
 from service.jobs import NewJob, Phase
 from service.manager import JobManager
 from service.models import jobs
+from tests.service.conftest import PostgresServer
 
 DONE = {"num_affected_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0, "num_inserted_rows": 0}
 
@@ -173,3 +176,29 @@ def test_begin_immediate_waits_for_the_write_lock_and_gives_up_at_its_timeout(db
     holder.execute("COMMIT")
     holder.close()
     waiter.close()
+
+
+@pytest.mark.postgres
+def test_postgres_connections_idle_past_the_threshold_are_checked_before_use(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.create_database()
+    manager = JobManager.from_url(url)
+    manager.migrate()
+    job, _ = manager.submit(new("/lake/a"))
+    assert manager.get(job.id).id == job.id  # a single read, in autocommit mode
+    with manager.engine.connect() as conn:
+        in_tx = conn.connection.dbapi_connection.info.transaction_status  # type: ignore[union-attr]
+    assert in_tx == 0  # idle: nothing left open by the autocommit read
+    # The server drops every connection of the pool (a restart, a failover, an idle timeout on the way).
+    admin = sqlalchemy.create_engine(postgres_server.admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sqlalchemy.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"
+        ), {"db": url.rsplit("/", 1)[1]})
+    admin.dispose()
+    time.sleep(PING_AFTER_IDLE_SECONDS + 0.2)
+    assert manager.get(job.id).id == job.id
+    assert manager.submit(new("/lake/a"))[1]
+    manager.dispose()
+    postgres_server.drop_database(url)
