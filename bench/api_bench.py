@@ -2,13 +2,17 @@
 time from submit to claim, on SQLite and on PostgreSQL (issue 5).
 
 Per backend: a fresh job database (a SQLite file in a temp dir; a database on a throwaway PostgreSQL server started
-the way the service tests start it), migrated; the real ``merge-service api`` command serving on 127.0.0.1; one
+the way the service tests start it), migrated; the real ``merge-service api`` command serving on 127.0.0.1 (its
+default number of API processes unless ``--api-processes`` is given); one
 worker process running the real ``Worker`` (default settings: 0.2 s poll interval) with a stand-in runner that
 walks the engine's phases and returns at once, so submit-to-claim measures the queue, not Spark.
 
 Load is open-loop: request ``i`` is scheduled at ``start + i / rate`` whatever happened to the earlier ones, and
 its latency is measured from that scheduled moment to the end of the response (so a stalled server or client
-cannot hide its stall); the latency from the actual send is shown beside it. Runs:
+cannot hide its stall); the latency from the actual send is shown beside it. The load comes from a small keep-alive
+HTTP/1.1 client (``LoadClient``) on uvloop rather than httpx, whose per-request CPU at this rate was larger than the
+API's own and came out of the same two cores. "API CPU" is the CPU time of the API command and all its processes
+over the run, per request. Runs:
 
   claim   submit-to-claim: jobs submitted at a steady ``--claim-rate`` (default 5/s) on an idle queue;
           ``started_at - submitted_at`` from the job rows, both stamped by the service.
@@ -20,13 +24,14 @@ Targets on the reference machine: POST p99 <= 25 ms, GET p99 <= 10 ms, submit-to
 reported, not failed (requests that fail or time out are counted in the note): the exit code is 0 unless the
 benchmark itself could not run.
 
-    .venv/bin/python bench/api_bench.py [--backends sqlite,postgresql] [--rate 200] [--count 2000]
+    .venv/bin/python bench/api_bench.py [--backends sqlite,postgresql] [--rate 200] [--count 2000] [--api-processes N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import signal
@@ -36,8 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -179,22 +185,148 @@ class Run:
     """Seconds from the first send to the last: the offered rate is ``(sent - 1) / send_span``."""
 
 
-async def open_loop(name: str, count: int, rate: float, request: Callable[[httpx.AsyncClient, int],
-                    Awaitable[httpx.Response]], ok: int, time_limit: float) -> tuple[Run, list[httpx.Response]]:
+class HttpError(Exception):
+    """A request that got no complete HTTP answer (refused, reset, malformed, timed out)."""
+
+
+@dataclass
+class Response:
+    status_code: int
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class LoadClient:
+    """A small HTTP/1.1 keep-alive client for the measured runs.
+
+    httpx's connection pool spends more CPU per request than the API under test once a few hundred requests
+    are in flight (several ms each, measured), and on a 2-core machine that CPU is taken from the server being
+    measured. This client does only what the runs need: up to ``max_connections`` keep-alive connections to one
+    server, a request with a JSON or empty body, and a Content-Length (or chunked) answer. Waiting for a free
+    connection is part of a request's latency, as it was with httpx."""
+
+    def __init__(self, base: str, *, max_connections: int = 256, timeout: float = REQUEST_TIMEOUT) -> None:
+        host_port = base.removeprefix("http://").rstrip("/")
+        host, _, port = host_port.partition(":")
+        self.host, self.port = host, int(port or 80)
+        self.timeout = timeout
+        self._idle: deque[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = deque()
+        self._slots = asyncio.Semaphore(max_connections)
+        self._host_header = f"Host: {host_port}\r\n".encode()
+
+    async def get(self, path: str) -> Response:
+        return await self.request("GET", path)
+
+    async def post(self, path: str, *, json_body: Any) -> Response:
+        return await self.request("POST", path, json.dumps(json_body).encode())
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
+        head = f"{method} {path} HTTP/1.1\r\n".encode() + self._host_header
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+        message = head + b"\r\n" + (body or b"")
+        async with self._slots:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    return await self._exchange(message)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
+                raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _exchange(self, message: bytes) -> Response:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if reader.at_eof() or writer.is_closing():  # the server closed it while idle (keep-alive timeout)
+                writer.close()
+                continue
+            try:
+                return await self._send(reader, writer, message)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                # A keep-alive connection the server closed just as it was reused: nothing of the request was
+                # answered, so it is sent again on a fresh connection (as browsers and httpx do).
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise
+                break
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        return await self._send(reader, writer, message)
+
+    async def _send(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, message: bytes) -> Response:
+        try:
+            writer.write(message)
+            response, keep = await self._read(reader)
+        except BaseException:
+            writer.close()
+            raise
+        if keep:
+            self._idle.append((reader, writer))
+        else:
+            writer.close()
+        return response
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader) -> tuple[Response, bool]:
+        status_line = await reader.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        length = None
+        chunked = False
+        keep = True
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            if line == b"\r\n":
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                keep = value.strip().lower() != b"close"
+        if chunked:
+            parts = []
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                data = await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(data[:-2])
+            content = b"".join(parts)
+        elif length is not None:
+            content = await reader.readexactly(length)
+        else:
+            content = await reader.read()
+            keep = False
+        return Response(status, content), keep
+
+    async def close(self) -> None:
+        while self._idle:
+            _, writer = self._idle.pop()
+            writer.close()
+
+
+async def open_loop(name: str, count: int, rate: float, base: str,
+                    request: Callable[[LoadClient, int], Awaitable[Response]], ok: int, time_limit: float
+                    ) -> tuple[Run, list[Response]]:
     run = Run(name)
-    responses: list[httpx.Response | None] = [None] * count
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT) as client:
-        loop = asyncio.get_running_loop()
+    responses: list[Response | None] = [None] * count
+    client = LoadClient(base)
+    # time.monotonic, not loop.time(): uvloop's clock has a resolution of 1 ms.
+    clock = time.monotonic
+    try:
 
         async def one(i: int, scheduled: float) -> None:
-            sent = loop.time()
+            sent = clock()
             try:
                 response = await request(client, i)
-            except httpx.HTTPError as exc:
-                run.errors.append(f"{type(exc).__name__}: {exc}")
+            except HttpError as exc:
+                run.errors.append(str(exc))
                 return
-            done = loop.time()
+            done = clock()
             if response.status_code != ok:
                 run.errors.append(f"{response.status_code}: {response.text[:200]}")
                 return
@@ -203,40 +335,66 @@ async def open_loop(name: str, count: int, rate: float, request: Callable[[httpx
             run.from_send.append(done - sent)
             run.send_lag.append(sent - scheduled)
 
-        start = loop.time() + 0.05
+        start = clock() + 0.05
         stop_at = start + time_limit
         tasks = []
         for i in range(count):
             scheduled = start + i / rate
             if scheduled > stop_at:
                 break
-            delay = scheduled - loop.time()
+            delay = scheduled - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i, scheduled)))
         run.sent = len(tasks)
-        run.send_span = loop.time() - start
+        run.send_span = clock() - start
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT + 5)
             for task in late:
                 task.cancel()
             run.errors.extend(["no answer"] * len(late))
+    finally:
+        await client.close()
     return run, [r for r in responses if r is not None]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process, from /proc (nan where that is unavailable)."""
+def run_async(coro: Coroutine[Any, Any, Any]) -> Any:
+    """The load runs on uvloop where it is installed: less of the machine goes to the client."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process and its descendants (the API's own processes), from /proc (nan
+    where that is unavailable). A descendant that ended during the run takes its time with it."""
+
+    def stat(p: int) -> list[str]:
+        return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):  # a process that ended meanwhile
+                stats[int(entry.name)] = stat(int(entry.name))
+    if pid not in stats:
         return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    for p, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(p)
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += int(stats[p][11]) + int(stats[p][12])
+        todo.extend(children.get(p, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
-def measured(pid: int, coro: Coroutine[Any, Any, tuple[Run, list[httpx.Response]]]
-             ) -> tuple[Run, list[httpx.Response]]:
+def measured(pid: int, coro: Coroutine[Any, Any, tuple[Run, list[Response]]]) -> tuple[Run, list[Response]]:
     before = cpu_seconds(pid)
-    run, responses = asyncio.run(coro)
+    run, responses = run_async(coro)
     run.cpu = cpu_seconds(pid) - before
     return run, responses
 
@@ -356,20 +514,22 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
             env = {**{k: v for k, v in os.environ.items() if not k.startswith("MERGE_SERVICE_")},
                    "MERGE_SERVICE_DATABASE_URL": url, "MERGE_SERVICE_LAKE_ROOTS": str(lake)}
             api_log, worker_log = home / "api.log", home / "worker.log"
-            with process([str(BIN / "merge-service"), "api", "--host", "127.0.0.1", "--port", str(port)], env,
-                         api_log) as api, \
+            api_args = [str(BIN / "merge-service"), "api", "--host", "127.0.0.1", "--port", str(port)]
+            if args.api_processes:
+                api_args += ["--api-processes", str(args.api_processes)]
+            with process(api_args, env, api_log) as api, \
                     process([sys.executable, str(Path(__file__).resolve()), "--worker"], env, worker_log):
                 wait_ready(base, api, api_log)
 
-                async def post(client: httpx.AsyncClient, i: int) -> httpx.Response:
-                    return await client.post(f"{base}/merges", json=merge_body(lake, i))
+                async def post(client: LoadClient, i: int) -> Response:
+                    return await client.post("/merges", json_body=merge_body(lake, i))
 
                 # Warm-up (not measured): connections, lazy imports, the database's caches.
-                asyncio.run(open_loop("warm-up", 100, args.rate, post, 202, 10))
+                run_async(open_loop("warm-up", 100, args.rate, base, post, 202, 10))
 
                 claim_count = max(1, int(args.claim_rate * args.claim_seconds))
-                paced, responses = asyncio.run(open_loop("claim", claim_count, args.claim_rate, post, 202,
-                                                         args.claim_seconds + 5))
+                paced, responses = run_async(open_loop("claim", claim_count, args.claim_rate, base, post, 202,
+                                                       args.claim_seconds + 5))
                 waits, unclaimed = claim_waits(manager, [r.json()["id"] for r in responses], timeout=30)
                 rows.append(Row(backend, f"submit-to-claim @{args.claim_rate:g}/s", f"{len(waits)}/{paced.sent}",
                                 percentile(waits, 50), percentile(waits, 99), target="p50 <= 200 ms",
@@ -379,16 +539,16 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
 
                 limit = args.count / args.rate + 20
                 posted, responses = measured(api.pid, open_loop(f"POST /merges @{args.rate:g}/s", args.count,
-                                                                args.rate, post, 202, limit))
+                                                                args.rate, base, post, 202, limit))
                 rows.append(latency_row(backend, "POST", posted, args.rate))
                 ids = [r.json()["id"] for r in responses]
 
-                async def get(client: httpx.AsyncClient, i: int) -> httpx.Response:
-                    return await client.get(f"{base}/merges/{ids[(i * 7919) % len(ids)]}")
+                async def get(client: LoadClient, i: int) -> Response:
+                    return await client.get(f"/merges/{ids[(i * 7919) % len(ids)]}")
 
                 if ids:
                     got, _ = measured(api.pid, open_loop(f"GET /merges/{{id}} @{args.rate:g}/s", args.count,
-                                                         args.rate, get, 200, limit))
+                                                         args.rate, base, get, 200, limit))
                     rows.append(latency_row(backend, "GET", got, args.rate))
                     waits, unclaimed = claim_waits(manager, ids, timeout=args.drain_seconds)
                     note = "info: the POST run's jobs, 1 worker"
@@ -413,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claim-seconds", type=float, default=20.0)
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="how long to wait for the POST run's jobs to be claimed")
+    parser.add_argument("--api-processes", type=int, default=None,
+                        help="API server processes (default: the service's own default)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -428,8 +590,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{backend}: the benchmark could not run: {type(exc).__name__}: {exc}", file=sys.stderr)
             failed = True
         print(f"{backend}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    from service.settings import default_api_processes
+
+    processes = args.api_processes or default_api_processes("api")
     print(f"\nAPI benchmark: open-loop, latency from the scheduled send; {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}\n")
+          f"load average {os.getloadavg()[0]:.1f}; {processes} API process{'es' if processes > 1 else ''}\n")
     print_table(rows)
     return 1 if failed else 0
 
