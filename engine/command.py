@@ -173,6 +173,7 @@ class MergeIntoCommand:
         self._views: list[str] = []
         self._committed = False
         self._outcome_unknown = False
+        self._source_snap: Any = None
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -237,7 +238,8 @@ class MergeIntoCommand:
 
         key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
         ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
-                           cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs)
+                           cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs,
+                           source_rows_estimate=self._source_rows_estimate())
         removed: list[Any] = []
         cdc_files: list[Any] = []
         if spec.is_insert_only:
@@ -378,7 +380,7 @@ class MergeIntoCommand:
             return True
         if not (isinstance(source, TableSource) and source.format == "delta") or want_values:
             return False
-        snap = delta.load_snapshot(source.path)
+        snap = self._source_snapshot()
         if name.lower() in {c.lower() for c in snap.partition_columns}:
             return False
         dtype = next((f.dataType for f in snap.spark_schema.fields if f.name.lower() == name.lower()), None)
@@ -403,6 +405,23 @@ class MergeIntoCommand:
             high = fmax if high is None or fmax > high else high
         rng.low, rng.high, rng.nulls = low, high, nulls
         return True
+
+    def _source_snapshot(self) -> Any:
+        if self._source_snap is None:
+            assert isinstance(self.spec.source, TableSource)
+            self._source_snap = delta.load_snapshot(self.spec.source.path)
+        return self._source_snap
+
+    def _source_rows_estimate(self) -> int | None:
+        """The source's row count where it is known without Spark and every read of it gives the same rows:
+        inline rows, or a Delta source's statistics."""
+        source = self.spec.source
+        if isinstance(source, RowsSource):
+            return len(source.rows)
+        if isinstance(source, TableSource) and source.format == "delta":
+            counts = [f.stats.num_records if f.stats is not None else None for f in self._source_snapshot().files]
+            return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        return None
 
     # --- the commit ----------------------------------------------------------------------------------------------
 

@@ -46,6 +46,10 @@ from engine.resolution import ResolvedMerge
 from engine.spec import DeleteAction, MergeSpec
 
 MULTIPLE_MATCH_EXAMPLES = 5
+BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
+"""Sources up to this estimated size are broadcast (Spark's autoBroadcastJoinThreshold in the session)."""
+BROADCAST_SIZE_RATIO = 4
+"""... and only when the target rows they meet are at least this many times as many."""
 SECOND_SCAN_COL = "_source_row_in_second_scan_"
 
 
@@ -68,6 +72,8 @@ class MergeContext:
     key_exprs: Sequence[str] = ()
     """Source-side expressions of the ON equalities, to name colliding keys in the multiple-match error."""
     touched_files: list[Any] = field(default_factory=list)
+    source_rows_estimate: int | None = None
+    """Source rows known before any Spark job (inline rows, a Delta source's statistics); None if unknown."""
 
     @property
     def output_names(self) -> list[str]:
@@ -84,6 +90,44 @@ def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
 def _is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
     only = spec.matched[0] if len(spec.matched) == 1 else None
     return only is not None and isinstance(only.action, DeleteAction) and only.condition is None
+
+
+_TYPE_BYTES = {"byte": 1, "short": 2, "integer": 4, "long": 8, "float": 4, "double": 8, "boolean": 1,
+               "date": 4, "timestamp": 8, "timestamp_ntz": 8}
+_OTHER_TYPE_BYTES = 32
+
+
+def _row_bytes(schema: StructType) -> int:
+    """A rough row width, as Spark's size estimates have it (strings and nested values as a fixed guess)."""
+    return 8 + sum(_TYPE_BYTES.get(f.dataType.typeName(), _OTHER_TYPE_BYTES) for f in schema.fields)
+
+
+def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Sequence[Any]) -> bool:
+    """Whether the source is worth sending whole to every task so the target's rows stream past it instead
+    of being shuffled: it must be small, and much smaller than the target rows it meets (else shuffling both
+    costs less than building and shipping the broadcast)."""
+    if rows is None:
+        return False
+    target_rows = 0
+    for f in target_files:
+        if f.stats is None or f.stats.num_records is None:
+            target_rows = None
+            break
+        target_rows += f.stats.num_records
+    if target_rows is not None and rows * BROADCAST_SIZE_RATIO > target_rows:
+        return False
+    return rows * _row_bytes(ctx.source.schema) <= BROADCAST_SOURCE_BYTES
+
+
+def source_rows_matching_none(source: DataFrame, target: DataFrame, on: Column, source_alias: str,
+                              target_alias: str, *, probe: DataFrame | None = None) -> DataFrame:
+    """``source LEFT ANTI JOIN target`` without shuffling the target: the target rows matching some source row
+    (a semi join streaming the target past the broadcast source) are few, and a source row matches some target
+    row exactly when it matches one of those. ``probe`` is the same rows as ``source`` without its
+    observations (an observation may appear once in a plan); both reads must give the same rows."""
+    probe = source if probe is None else probe
+    matched_targets = target.alias(target_alias).join(F.broadcast(probe.alias(source_alias)), on, "left_semi")
+    return source.alias(source_alias).join(matched_targets.alias(target_alias), on, "left_anti")
 
 
 class ClassicMergeExecutor:
@@ -166,6 +210,28 @@ class ClassicMergeExecutor:
             described.append(f"({values}) matched {row['n']} source rows")
         return base + " Duplicate source keys: " + "; ".join(described) + "."
 
+    def _join_for_write(self, source: DataFrame, target: DataFrame) -> DataFrame:
+        """The touched target rows with their matching source rows (right outer for matched-only merges), plus
+        the source rows matching none (full outer). When the source fits a broadcast the full outer join is a
+        broadcast left outer join of the target, united with the unmatched source rows: the target's rows are
+        streamed once instead of shuffled."""
+        ctx = self.ctx
+        spec = ctx.spec
+        s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
+        if spec.is_matched_only:
+            return source.alias(s).join(target.alias(t), on, "right_outer")
+        if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
+            return source.alias(s).join(target.alias(t), on, "full_outer")
+        with_source = target.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer")
+        unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on, s, t)
+        target_fields = target.schema.fields
+        padded = unmatched.select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in target_fields],
+            *[F.col(f"{quote_identifier(s)}.{quote_identifier(f.name)}") for f in source.schema.fields],
+        )
+        # Union is by position and keeps the first side's columns, qualifiers included.
+        return with_source.union(padded)
+
     def write_all_changes(self) -> tuple[list[Any], list[Any]]:
         """Rewrite the touched files joined with the source; answers the added data and change files."""
         ctx = self.ctx
@@ -182,8 +248,7 @@ class ClassicMergeExecutor:
             if spec.not_matched:
                 source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
                 dedup_columns.append(SOURCE_ROW_INDEX_COL)
-        join_type = "right_outer" if spec.is_matched_only else "full_outer"
-        joined = source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, join_type)
+        joined = self._join_for_write(source, target)
         clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
         joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
@@ -249,8 +314,12 @@ class InsertOnlyMergeExecutor:
         obs_source = Observation(source_rows_metric)
         source = ctx.source.observe(obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
         if ctx.candidate_files and filter_matched_rows:
-            target = ctx.target_df(ctx.candidate_files, file_columns=False).alias(spec.target_alias)
-            new_rows = source.join(target, ctx.resolved.on, "left_anti")
+            target = ctx.target_df(ctx.candidate_files, file_columns=False)
+            if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
+                new_rows = source_rows_matching_none(source, target, ctx.resolved.on, spec.source_alias,
+                                                     spec.target_alias, probe=ctx.source)
+            else:
+                new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
         else:
             new_rows = source
         new_rows, lookups = generate_precomputed_conditions_and_df(new_rows, ctx.resolved.not_matched)

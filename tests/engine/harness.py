@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -19,6 +21,7 @@ from engine import (
     MergeSpec,
     TableSource,
     UpdateAction,
+    executors,
     run_merge,
 )
 
@@ -109,3 +112,11 @@ def differential(spark: SparkSession, tmp: Path, target_data: pa.Table, source_d
     result = run_merge(spark, make_spec(ours, source, on, clauses))
     expected = oracle_merge(theirs, source_data, on, clauses)
     return result, expected, ours, theirs
+
+
+def join_plan(*, broadcast: bool) -> AbstractContextManager[Any]:
+    """Force one of the two plans of the merge's joins whatever the data's size: the source broadcast past
+    the streamed target, or both sides shuffled (Delta's own plan)."""
+    if broadcast:
+        return patch.object(executors, "BROADCAST_SIZE_RATIO", 0)
+    return patch.object(executors, "BROADCAST_SOURCE_BYTES", 0)

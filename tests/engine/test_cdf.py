@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from pyspark.sql import SparkSession
 
 from engine import run_merge
-from tests.engine.harness import clause, make_spec, oracle_merge, rows, write_table
+from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import ModelMultipleMatch, merges, model_merge, to_arrow
 
@@ -65,6 +65,15 @@ def test_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path, name: 
             assert '"partitionValues":{"p":' in line.replace(" ", "")
 
 
+@pytest.mark.parametrize("name", ["upsert", "everything", "insert_only"])
+def test_change_rows_match_deltalake_with_broadcast_source(spark: SparkSession, tmp_path: Path, name: str) -> None:
+    with join_plan(broadcast=True):
+        result, ours, theirs = both(spark, tmp_path, TARGET, SOURCE, CASES[name])
+    assert rows(ours) == rows(theirs)
+    assert result.table_version == 1
+    assert changes(ours, TARGET.column_names) == changes(theirs, TARGET.column_names)
+
+
 def test_update_writes_pre_and_post_images(spark: SparkSession, tmp_path: Path) -> None:
     result, ours, _ = both(spark, tmp_path, TARGET, SOURCE, CASES["update_only"])
     got = changes(ours, ["id", "v"])
@@ -78,7 +87,8 @@ def test_delete_only_multiple_matches_yield_one_delete_row(spark: SparkSession, 
                     "n": pa.array([1, 2, 3, 4, 5], pa.int64())})
     src = write_table(tmp_path / "s", dup)
     clauses = [clause("matched", "delete"), clause("notMatched", "insert_all")]
-    result = run_merge(spark, make_spec(ours, src, "t.id = s.id", clauses))
+    with join_plan(broadcast=True):
+        result = run_merge(spark, make_spec(ours, src, "t.id = s.id", clauses))
     assert result.result["num_deleted_rows"] == 2
     assert result.result["num_inserted_rows"] == 1
     got = changes(ours, ["id", "v"])
@@ -111,7 +121,8 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
     source_arrow = to_arrow(source_rows, columns, types)
     source = write_table(root / "source", source_arrow)
     engine_clauses = [c.engine_clause() for c in clauses]
-    result = run_merge(spark, make_spec(ours, source, "t.k = s.k", engine_clauses))
+    with join_plan(broadcast=case["broadcast"]):
+        result = run_merge(spark, make_spec(ours, source, "t.k = s.k", engine_clauses))
     oracle_merge(theirs, source_arrow, "t.k = s.k", engine_clauses)
     assert rows(ours, columns) == rows(theirs, columns)
     if result.table_version is not None and DeltaTable(str(theirs)).version() == 1:

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from engine import run_merge
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
-from tests.engine.harness import COUNTS, clause, differential, make_spec, rows, write_table
+from tests.engine.harness import COUNTS, clause, differential, join_plan, make_spec, rows, write_table
 
 TARGET = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": pa.array(["a", "b", "c", "d"]),
                    "n": pa.array([10, 20, 30, None], pa.int64())})
@@ -73,6 +73,18 @@ def test_matches_deltalake(spark: SparkSession, tmp_path: Path, name: str, parti
     else:
         assert result.table_version is None
         assert DeltaTable(str(ours)).version() == 0
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_broadcast_joins_match_deltalake(spark: SparkSession, tmp_path: Path, name: str) -> None:
+    """A source much smaller than the target is broadcast and the target streamed past it: the full outer
+    join becomes a left outer join united with the source rows matching no target row (for insert-only
+    merges: the anti join). Here both sides are small, so the plan is forced."""
+    with join_plan(broadcast=True):
+        result, expected, ours, theirs = differential(spark, tmp_path, TARGET, SOURCE, "t.id = s.id", CASES[name])
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert result.metrics["numSourceRows"] == 3
 
 
 def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from engine import MergeClause, run_merge
 from engine.errors import MultipleMatchError
-from tests.engine.harness import clause, make_spec, oracle_merge, rows, write_table
+from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
 
 EXAMPLES = int(os.environ.get("MERGE_RANDOM_EXAMPLES", "300"))
 
@@ -214,8 +214,10 @@ def merges(draw: st.DrawFn) -> dict[str, Any]:
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
+    # Both plans of the joins: the source broadcast past the streamed target, or both sides shuffled.
+    broadcast = draw(st.booleans())
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
-            "partitioned": partitioned}
+            "partitioned": partitioned, "broadcast": broadcast}
 
 
 def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.Table:
@@ -252,11 +254,12 @@ def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]
     try:
         expected_rows, expected_counts = model_merge(target_rows, source_rows, clauses, columns)
     except ModelMultipleMatch:
-        with pytest.raises(MultipleMatchError):
+        with pytest.raises(MultipleMatchError), join_plan(broadcast=case["broadcast"]):
             run_merge(spark, spec)
         assert DeltaTable(str(ours)).version() == 0
         return
-    result = run_merge(spark, spec)
+    with join_plan(broadcast=case["broadcast"]):
+        result = run_merge(spark, spec)
     got_counts = {k: result.result[k] for k in expected_counts}
     assert got_counts == expected_counts
     assert rows(ours, columns) == as_sorted(expected_rows, columns)
