@@ -30,6 +30,7 @@ from pyspark.sql.types import (
     LongType,
     ShortType,
     StringType,
+    StructType,
 )
 from sqlglot import exp
 
@@ -223,6 +224,8 @@ class MergeIntoCommand:
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
         resolved = Resolver(spec, source, target_empty, snapshot.spark_schema).resolve()
 
+        if snapshot.cdf_enabled:
+            delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))
         all_files = list(snapshot.files)
         sides = Sides(spec.target_alias, spec.source_alias,
                       frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
@@ -433,8 +436,6 @@ class MergeIntoCommand:
             transaction.set_app_transaction(self.txn.app_id, self.txn.version)
         actions: list[Any] = []
         if resolved.schema_changed:
-            from pyspark.sql.types import StructType
-
             actions.append(snapshot.metadata.with_schema(StructType(resolved.output_fields)))
         now = int(time.time() * 1000)
         actions += [f.to_remove(now) for f in removed]

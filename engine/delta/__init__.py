@@ -22,6 +22,7 @@ from engine.delta.snapshot import Snapshot, load_snapshot
 from engine.delta.transaction import Transaction
 from engine.delta.write import (
     CHANGE_TYPE_COL,
+    check_no_reserved_cdc_columns,
     discard_write,
     target_partitions,
     write_cdc_files,
@@ -45,6 +46,7 @@ __all__ = [
     "Snapshot",
     "Transaction",
     "check_can_modify",
+    "check_no_reserved_cdc_columns",
     "check_supported",
     "commit_info",
     "discard_write",

@@ -30,6 +30,7 @@ from engine.delta.values import field_at, normalize_partition_text, strip_nullab
 CHANGE_DATA_DIR = "_change_data"
 CHANGE_TYPE_COL = "_change_type"
 CDC_PARTITION_COL = "__is_cdc"
+CDC_RESERVED_COLUMNS = (CHANGE_TYPE_COL, "_commit_version", "_commit_timestamp")
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 NOT_NULL_MARKER = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
 
@@ -108,6 +109,17 @@ def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField]
             condition = condition.when(cond, F.raise_error(message))
         out = out.where(condition.otherwise(F.lit(True)))
     return out
+
+
+def check_no_reserved_cdc_columns(schema: T.StructType) -> None:
+    """Change Data Feed readers add these columns: a table that has CDF on cannot hold them itself."""
+    reserved = [f.name for f in schema.fields if f.name.lower() in CDC_RESERVED_COLUMNS]
+    if reserved:
+        raise WriteSchemaMismatchError(
+            f"The write contains reserved columns {reserved} that are used internally as metadata for Change Data "
+            "Feed. To write to the table either rename/drop these columns or disable Change Data Feed on the table "
+            "by setting delta.enableChangeDataFeed to false."
+        )
 
 
 def _check_fresh(out_dir: str) -> None:
@@ -256,6 +268,7 @@ def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snaps
     Delta's do; readers skip columns outside the table schema. Answers the ``add`` and ``cdc`` actions."""
     _check_write_id(write_id)
     target = _resolve_schema(snapshot, schema)
+    check_no_reserved_cdc_columns(target)
     parts = _partition_types(target, snapshot.partition_columns)
     conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
     split = conformed.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from pyspark.sql import SparkSession
 
 from engine import run_merge
+from engine.errors import SchemaMismatchError
 from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import ModelMultipleMatch, merges, model_merge, to_arrow
@@ -144,3 +145,17 @@ def test_schema_evolution_with_change_data(spark: SparkSession, tmp_path: Path) 
     assert (2, "B", "x", "update_postimage") in got
     assert (5, "E", "z", "insert") in got
     assert len(got) == 5
+
+
+def test_reserved_change_data_column_fails_and_leaves_table(spark: SparkSession, tmp_path: Path) -> None:
+    """Schema evolution would add ``_change_type``, which CDF readers add themselves: Delta refuses the write."""
+    ours = write_table(tmp_path / "t", TARGET, configuration=CDF)
+    before = sorted(p.name for p in ours.rglob("*"))
+    wider = SOURCE.append_column("_change_type", pa.array(["x", "y", "z"]))
+    src = write_table(tmp_path / "s", wider)
+    spec = make_spec(ours, src, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+                     schema_evolution=True)
+    with pytest.raises(SchemaMismatchError, match=r"reserved columns \['_change_type'\].*Change Data Feed"):
+        run_merge(spark, spec)
+    assert sorted(p.name for p in ours.rglob("*")) == before
+    assert DeltaTable(str(ours)).version() == 0
