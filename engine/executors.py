@@ -270,7 +270,7 @@ class ClassicMergeExecutor:
                  INSERT, COPY]
         observed = projected.observe(
             obs, *action_counts(codes),
-            F.sum(F.when(F.col(SECOND_SCAN_COL), 1).otherwise(0)).alias("numSourceRowsInSecondScan"),
+            F.count_if(F.col(SECOND_SCAN_COL)).alias("numSourceRowsInSecondScan"),
         )
         cdc_files: list[Any] = []
         if cdc:

@@ -41,6 +41,14 @@ NOT_MATCHED_BY_SOURCE_DELETE = "notMatchedBySourceDelete"
 INSERT = "insert"
 COPY = "copy"
 DROP_SOURCE = "dropSource"
+_ACTION_CODES = {name: i for i, name in enumerate(
+    (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE, INSERT, COPY,
+     DROP_SOURCE))}
+
+
+def action(name: str) -> Column:
+    """The ``_merge_action_`` value of an action: a small integer, cheap to compare on every row."""
+    return F.lit(_ACTION_CODES[name]).cast("byte")
 
 
 def cdc_not_cdc() -> Column:
@@ -94,13 +102,13 @@ def generate_all_action_exprs(
         ctype = clause.clause.clause_type
         if clause.is_delete:
             code = MATCHED_DELETE if ctype == "matched" else NOT_MATCHED_BY_SOURCE_DELETE
-            actions = [*target_cols, F.lit(True), F.lit(code)]
+            actions = [*target_cols, F.lit(True), action(code)]
             change = CDC_TYPE_DELETE
         else:
             assert clause.values is not None
             code = {"matched": MATCHED_UPDATE, "notMatchedBySource": NOT_MATCHED_BY_SOURCE_UPDATE,
                     "notMatched": INSERT}[ctype]
-            actions = [*clause.values, F.lit(False), F.lit(code)]
+            actions = [*clause.values, F.lit(False), action(code)]
             change = CDC_TYPE_INSERT if ctype == "notMatched" else CDC_TYPE_UPDATE_POSTIMAGE
         if cdc:
             actions.append(F.lit(change))
@@ -142,7 +150,7 @@ def generate_write_all_changes_output_cols(
     names = [*output_names, ROW_DROPPED_COL, ACTION_COL, *([CDC_TYPE_COL] if cdc else [])]
     n = len(names)
     noop_copy = noop_copy_exprs(target_cols, cdc=cdc)
-    delete_source_row = [*target_cols, F.lit(True), F.lit(DROP_SOURCE), *([cdc_not_cdc()] if cdc else [])]
+    delete_source_row = [*target_cols, F.lit(True), action(DROP_SOURCE), *([cdc_not_cdc()] if cdc else [])]
     matched_exprs = generate_clause_output_exprs(
         n, generate_all_action_exprs(target_cols, matched, lookups, cdc=cdc), noop_copy)
     not_matched_exprs = generate_clause_output_exprs(
@@ -159,7 +167,7 @@ def generate_write_all_changes_output_cols(
 
 
 def noop_copy_exprs(target_cols: Sequence[Column], *, cdc: bool) -> list[Column]:
-    return [*target_cols, F.lit(False), F.lit(COPY), *([cdc_not_cdc()] if cdc else [])]
+    return [*target_cols, F.lit(False), action(COPY), *([cdc_not_cdc()] if cdc else [])]
 
 
 def generate_cdc_and_output_rows(
@@ -179,7 +187,7 @@ def generate_cdc_and_output_rows(
     main_data_output = [*outputs[:-1], cdc_not_cdc().alias(CDC_TYPE_COL)]
     # Deleted rows are dropped from the data but kept as change rows.
     delete_cdc_output = [*outputs[:-3], (~outputs[-3]).alias(ROW_DROPPED_COL), *outputs[-2:]]
-    preimage = [*target_cols, F.lit(False), F.lit(COPY), F.lit(CDC_TYPE_UPDATE_PREIMAGE)]
+    preimage = [*target_cols, F.lit(False), action(COPY), F.lit(CDC_TYPE_UPDATE_PREIMAGE)]
     update_preimage_output = [c.alias(n) for c, n in zip(preimage, names, strict=True)]
     cdc_array = (
         F.when(cdc_type.eqNullSafe(CDC_TYPE_INSERT), F.array(F.struct(*outputs)))
@@ -231,11 +239,11 @@ def generate_inserts_only_output_cols(
     nulls = [F.lit(None).cast(f.dataType) for f in output_fields]
     names = [*output_names, ROW_DROPPED_COL, ACTION_COL]
     exprs = generate_clause_output_exprs(
-        len(names), generate_all_action_exprs(nulls, not_matched, lookups), [*nulls, F.lit(True), F.lit(DROP_SOURCE)]
+        len(names), generate_all_action_exprs(nulls, not_matched, lookups), [*nulls, F.lit(True), action(DROP_SOURCE)]
     )
     return [e.alias(name) for e, name in zip(exprs, names, strict=True)]
 
 
 def action_counts(codes: Sequence[str]) -> list[Column]:
     """Aggregates for ``observe``: how many output rows took each action."""
-    return [F.sum(F.when(F.col(ACTION_COL) == F.lit(code), 1).otherwise(0)).alias(code) for code in codes]
+    return [F.count_if(F.col(ACTION_COL) == action(code)).alias(code) for code in codes]
