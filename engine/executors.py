@@ -160,15 +160,20 @@ class ClassicMergeExecutor:
         per_row = joined.groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL).agg(
             F.count(F.lit(1)).alias("matches"), F.max(touch).alias("touch")
         )
-        per_file = per_row.groupBy(delta.FILE_NAME_COL).agg(
-            F.max("touch").alias("touched"),
-            F.sum(F.when(F.col("matches") > 1, 1).otherwise(0)).alias("multiple_match_rows"),
+        # One shuffle: the per-file answers are observed as the per-row counts stream past, not aggregated again.
+        obs_files = Observation("findTouchedFiles")
+        per_row.observe(
+            obs_files,
+            F.collect_set(F.when(F.col("touch") == 1, F.col(delta.FILE_NAME_COL))).alias("touched"),
+            F.count_if(F.col("matches") > 1).alias("multiple_match_rows"),
             F.sum(F.when(F.col("matches") > 1, F.col("matches")).otherwise(0)).alias("multiple_match_sum"),
-        )
-        rows = per_file.collect()
+        ).write.format("noop").mode("overwrite").save()
+        found = obs_files.get
+        if not found:
+            raise MergeExecutionError("Spark did not report which files the merge touches; nothing was committed.")
         ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
-        multiple_match_count = sum(int(r["multiple_match_rows"] or 0) for r in rows)
-        multiple_match_sum = sum(int(r["multiple_match_sum"] or 0) for r in rows)
+        multiple_match_count = int(found.get("multiple_match_rows") or 0)
+        multiple_match_sum = int(found.get("multiple_match_sum") or 0)
         if multiple_match_count > 0:
             if not _is_only_one_unconditional_delete(spec):
                 raise MultipleMatchError(self._multiple_match_message(joined))
@@ -178,7 +183,7 @@ class ClassicMergeExecutor:
         if spec.not_matched_by_source:
             touched_names = {f.path for f in ctx.candidate_files}
         else:
-            touched_names = {r[delta.FILE_NAME_COL] for r in rows if r["touched"]}
+            touched_names = set(found.get("touched") or [])
         ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched_names]
         ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
         return ctx.touched_files
