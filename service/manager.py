@@ -77,6 +77,88 @@ SELECT_BY_IDEMPOTENCY_KEY = select(*RECORD_COLUMNS, jobs.c.request_hash).where(
     jobs.c.idempotency_scope == bindparam("scope"), jobs.c.idempotency_key == bindparam("key")
 )
 
+# The worker's statements, built once and outside its transactions: on SQLite every write transaction holds the
+# database's single write lock, so nothing that can be done before BEGIN should be done after it.
+_FENCE = and_(
+    jobs.c.id == bindparam("job_id"),
+    jobs.c.status == Status.RUNNING.value,
+    jobs.c.attempts == bindparam("attempt"),
+    jobs.c.lease_owner == bindparam("owner"),
+)
+RENEW_LEASE = (
+    update(jobs).where(_FENCE).values(lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
+    .returning(jobs.c.cancel_requested)
+)
+SET_PHASE = (
+    update(jobs).where(_FENCE)
+    .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
+    .returning(jobs.c.cancel_requested)
+)
+SET_PHASE_WITHIN_LEASE = (  # entering ``committing``: only while the lease has not expired
+    update(jobs).where(_FENCE, jobs.c.lease_expires_at > bindparam("now"))
+    .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
+    .returning(jobs.c.cancel_requested)
+)
+
+
+def _claim_candidate() -> Any:
+    """The oldest queued job that may start: due, no job of its table running, no older one of its table queued."""
+    j, running, older = jobs.alias("j"), jobs.alias("r"), jobs.alias("o")
+    return j, (
+        select(j.c.seq)
+        .where(
+            j.c.status == Status.QUEUED.value,
+            j.c.next_run_at <= bindparam("now", type_=jobs.c.next_run_at.type),
+            ~exists().where(running.c.target_key == j.c.target_key, running.c.status == Status.RUNNING.value),
+            ~exists().where(
+                older.c.target_key == j.c.target_key,
+                older.c.status == Status.QUEUED.value,
+                older.c.seq < j.c.seq,
+            ),
+        )
+        .order_by(j.c.seq)
+        .limit(1)
+    )
+
+
+def _claim(where: Any) -> Any:
+    now = bindparam("now", type_=jobs.c.started_at.type)
+    return (
+        update(jobs)
+        .where(where)
+        .values(
+            status=Status.RUNNING.value,
+            attempts=jobs.c.attempts + 1,
+            lease_owner=bindparam("owner"),
+            lease_expires_at=bindparam("expires"),
+            started_at=func.coalesce(jobs.c.started_at, now),
+            updated_at=now,
+        )
+        .returning(
+            jobs.c.id,
+            jobs.c.seq,
+            jobs.c.attempts,
+            jobs.c.target,
+            jobs.c.target_key,
+            jobs.c.spec,
+            jobs.c.dry_run,
+            jobs.c.submitted_at,
+            jobs.c.started_at,
+        )
+    )
+
+
+_CANDIDATE_FROM, _CANDIDATE = _claim_candidate()
+CLAIM_NEXT = _claim(jobs.c.seq == _CANDIDATE.scalar_subquery())
+"""SQLite: pick and claim in one statement (BEGIN IMMEDIATE already excludes other claimers)."""
+CLAIM_CANDIDATE_LOCKED = _CANDIDATE.with_for_update(skip_locked=True, of=_CANDIDATE_FROM)
+"""PostgreSQL: lock the candidate row, skipping rows other claimers hold, then claim it by seq."""
+CLAIM_SEQ = _claim(and_(jobs.c.seq == bindparam("claim_seq"), jobs.c.status == Status.QUEUED.value))
+
+
+def _lease_params(lease: Lease) -> dict[str, Any]:
+    return {"job_id": lease.job_id, "attempt": lease.attempt, "owner": lease.owner}
+
 
 def _record(row: Row[Any] | Any) -> JobRecord:
     m = row._mapping
@@ -330,60 +412,18 @@ class JobManager:
 
     def claim(self, owner: str) -> ClaimedJob | None:
         """Take the next job that may start, under a fresh lease; None when nothing may start now."""
-        j = jobs.alias("j")
-        running = jobs.alias("r")
-        older = jobs.alias("o")
         try:
             with self._tx(write=True) as conn:
                 now = self.clock()
-                candidate = (
-                    select(j.c.seq)
-                    .where(
-                        j.c.status == Status.QUEUED.value,
-                        j.c.next_run_at <= now,
-                        ~exists().where(
-                            running.c.target_key == j.c.target_key, running.c.status == Status.RUNNING.value
-                        ),
-                        ~exists().where(
-                            older.c.target_key == j.c.target_key,
-                            older.c.status == Status.QUEUED.value,
-                            older.c.seq < j.c.seq,
-                        ),
-                    )
-                    .order_by(j.c.seq)
-                    .limit(1)
-                )
+                params = {"now": now, "expires": now + self.lease, "owner": owner}
                 if self._sqlite:
                     # BEGIN IMMEDIATE already holds the write lock: no other claimer can interleave.
-                    where = jobs.c.seq == candidate.scalar_subquery()
+                    row = conn.execute(CLAIM_NEXT, params).first()
                 else:
-                    seq = conn.execute(candidate.with_for_update(skip_locked=True, of=j)).scalar_one_or_none()
+                    seq = conn.execute(CLAIM_CANDIDATE_LOCKED, params).scalar_one_or_none()
                     if seq is None:
                         return None
-                    where = and_(jobs.c.seq == seq, jobs.c.status == Status.QUEUED.value)
-                row = conn.execute(
-                    update(jobs)
-                    .where(where)
-                    .values(
-                        status=Status.RUNNING.value,
-                        attempts=jobs.c.attempts + 1,
-                        lease_owner=owner,
-                        lease_expires_at=now + self.lease,
-                        started_at=func.coalesce(jobs.c.started_at, now),
-                        updated_at=now,
-                    )
-                    .returning(
-                        jobs.c.id,
-                        jobs.c.seq,
-                        jobs.c.attempts,
-                        jobs.c.target,
-                        jobs.c.target_key,
-                        jobs.c.spec,
-                        jobs.c.dry_run,
-                        jobs.c.submitted_at,
-                        jobs.c.started_at,
-                    )
-                ).first()
+                    row = conn.execute(CLAIM_SEQ, {**params, "claim_seq": seq}).first()
         except sa_exc.IntegrityError:
             # The unique index on running jobs per target refused a second running job: someone else won.
             return None
@@ -412,12 +452,7 @@ class JobManager:
         """Extend the lease; answers whether cancellation was requested. Raises LeaseLostError when fenced."""
         with self._tx(write=True) as conn:
             now = self.clock()
-            row = conn.execute(
-                update(jobs)
-                .where(self._fenced(lease))
-                .values(lease_expires_at=now + self.lease, updated_at=now)
-                .returning(jobs.c.cancel_requested)
-            ).first()
+            row = conn.execute(RENEW_LEASE, {**_lease_params(lease), "now": now, "expires": now + self.lease}).first()
         if row is None:
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
         return bool(row.cancel_requested)
@@ -429,16 +464,11 @@ class JobManager:
         nobody else may take the job over before the commit has had a full lease to finish."""
         if phase not in ENGINE_PHASES:
             raise ValueError(f"{phase} is not a phase the engine reports")
+        statement = SET_PHASE_WITHIN_LEASE if phase is Phase.COMMITTING else SET_PHASE
         with self._tx(write=True) as conn:
             now = self.clock()
-            where = self._fenced(lease)
-            if phase is Phase.COMMITTING:
-                where = and_(where, jobs.c.lease_expires_at > now)
             row = conn.execute(
-                update(jobs)
-                .where(where)
-                .values(phase=phase.value, lease_expires_at=now + self.lease, updated_at=now)
-                .returning(jobs.c.cancel_requested)
+                statement, {**_lease_params(lease), "now": now, "expires": now + self.lease, "new_phase": phase.value}
             ).first()
         if row is None:
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
@@ -447,21 +477,22 @@ class JobManager:
     def _finish(self, lease: Lease, status: Status, **values: Any) -> None:
         if Status.RUNNING.value not in sources_for(status):
             raise ValueError(f"a running job cannot become {status}")
+        now_param = bindparam("now", type_=jobs.c.updated_at.type)
+        statement = (  # built before the transaction: on SQLite, nobody else may write while it is open
+            update(jobs)
+            .where(self._fenced(lease))
+            .values(
+                status=status.value,
+                phase=Phase.DONE.value,
+                finished_at=now_param,
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=now_param,
+                **values,
+            )
+        )
         with self._tx(write=True) as conn:
-            now = self.clock()
-            done = conn.execute(
-                update(jobs)
-                .where(self._fenced(lease))
-                .values(
-                    status=status.value,
-                    phase=Phase.DONE.value,
-                    finished_at=now,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    updated_at=now,
-                    **values,
-                )
-            ).rowcount
+            done = conn.execute(statement, {"now": self.clock()}).rowcount
         if not done:
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
 
