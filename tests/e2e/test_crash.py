@@ -8,14 +8,11 @@ Real at every step: a separate Spark Connect server process, worker processes of
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,105 +27,21 @@ from service.app import create_app
 from service.jobs import JobRecord, Status
 from service.manager import JobManager
 from service.settings import Settings
+from tests.e2e.harness import (
+    APP_ID,
+    START_TIMEOUT,
+    Home,
+    assert_merged_once,
+    job_store,
+    open_home,
+    tails,
+    txn_of,
+    wait_for,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-APP_ID = "merge-service-crash-tests"
-LEASE_SECONDS = 2.0
 CRASH_POINTS = ("preparing_source", "finding_touched_files", "writing", "committing", "after_commit")
-START_TIMEOUT = 120.0  # a worker imports pyspark and opens a Spark Connect session on a busy machine
 JOB_TIMEOUT = 180.0
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float,
-             alive_all: Sequence[subprocess.Popen[bytes]] = (), logs: Sequence[Path] = ()) -> None:
-    """Poll ``predicate``; fail early, with the processes' logs, if one of ``alive_all`` exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if any(p.poll() is not None for p in alive_all):
-            codes = [p.returncode for p in alive_all]
-            raise AssertionError(f"{what}: a process exited ({codes})\n{_tails(logs)}")
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s\n{_tails(logs)}")
-
-
-def _tails(logs: Sequence[Path]) -> str:
-    return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
-
-
-@dataclass
-class Home:
-    """One test's lake, job database and the processes it started."""
-
-    dir: Path
-    spark_remote: str
-    procs: list[tuple[subprocess.Popen[bytes], Any]] = field(default_factory=list)
-
-    @property
-    def lake(self) -> Path:
-        return self.dir / "lake"
-
-    @property
-    def markers(self) -> Path:
-        return self.dir / "markers"
-
-    @property
-    def database_url(self) -> str:
-        return f"sqlite:///{self.dir / 'jobs.db'}"
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {
-            **os.environ,
-            "MERGE_SERVICE_DATABASE_URL": self.database_url,
-            "MERGE_SERVICE_SPARK_REMOTE": self.spark_remote,
-            "MERGE_SERVICE_LAKE_ROOTS": str(self.lake),
-            "MERGE_SERVICE_APP_ID": APP_ID,
-            "MERGE_SERVICE_LEASE_SECONDS": str(LEASE_SECONDS),
-            "MERGE_SERVICE_HEARTBEAT_SECONDS": "0.3",
-            "MERGE_SERVICE_POLL_INTERVAL_SECONDS": "0.05",
-            "MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.1",
-            "MERGE_SERVICE_BACKOFF_MAX_SECONDS": "0.5",
-            "MERGE_SERVICE_MAX_ATTEMPTS": "3",
-            **extra,
-        }
-
-    def spawn(self, args: list[str], log_name: str, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
-        log_path = self.dir / f"{log_name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - closed at teardown
-        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append((proc, log))
-        return proc, log_path
-
-    def worker(self, name: str, crash_at: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
-        return self.spawn([sys.executable, "-m", "tests.service.proc_worker"], name, RUNNER="engine",
-                          LEDGER_DIR=str(self.markers), CRASH_AT=json.dumps(crash_at or {}), STOP_TIMEOUT="20")
-
-    def close(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, log in self.procs:
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-
-
-def open_home(directory: Path, spark_remote: str) -> Home:
-    h = Home(directory, spark_remote)
-    h.lake.mkdir()
-    h.markers.mkdir()
-    return h
-
-
-def job_store(home: Home) -> JobManager:
-    manager = JobManager.from_url(home.database_url, lease_seconds=LEASE_SECONDS)
-    manager.migrate()
-    return manager
 
 
 @pytest.fixture
@@ -169,32 +82,6 @@ def table_rows(path: Path) -> dict[str, list[Any]]:
     return DeltaTable(str(path)).to_pyarrow_table().sort_by("id").to_pydict()
 
 
-def log_entry(path: Path, version: int) -> list[dict[str, Any]]:
-    text = (path / "_delta_log" / f"{version:020d}.json").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def txn_of(path: Path, version: int) -> tuple[str, int] | None:
-    found = [a["txn"] for a in log_entry(path, version) if "txn" in a]
-    assert len(found) <= 1, found
-    return (found[0]["appId"], found[0]["version"]) if found else None
-
-
-def assert_merged_once(path: Path, jobs_in_order: list[JobRecord]) -> None:
-    """Version 0 is the table's creation; then one MERGE commit per job, in job order, each carrying the job's
-    txn, and nothing else."""
-    dt = DeltaTable(str(path))
-    assert dt.version() == len(jobs_in_order), "one new table version per job, no second one"
-    history = sorted(dt.history(), key=lambda c: c["version"])
-    assert [c["version"] for c in history] == list(range(len(jobs_in_order) + 1))
-    assert [c["operation"] for c in history[1:]] == ["MERGE"] * len(jobs_in_order)
-    for version, job in enumerate(jobs_in_order, start=1):
-        assert job.status is Status.SUCCEEDED, job
-        assert job.table_version == version, job
-        assert txn_of(path, version) == (APP_ID, job.seq)
-    assert dt.transaction_version(APP_ID) == jobs_in_order[-1].seq
-
-
 @dataclass
 class Crash:
     """One job whose first attempt was killed at ``point``, as seen while parked and after the rescue."""
@@ -215,7 +102,7 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     home = open_home(tmp_path_factory.mktemp("crash"), spark_remote)
     jobs = job_store(home)
     settings = Settings(database_url=home.database_url, lake_roots=[str(home.lake)], app_id=APP_ID,
-                        lease_seconds=LEASE_SECONDS, heartbeat_seconds=0.3)
+                        lease_seconds=home.lease_seconds, heartbeat_seconds=0.3)
     api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
     try:
         ids: dict[str, str] = {}
@@ -320,7 +207,7 @@ def test_restart_with_one_job_running_and_two_queued(home: Home, jobs: JobManage
     before = [jobs.get(i) for i in ids]
     assert [j.status for j in before[1:]] == [Status.QUEUED, Status.QUEUED], before
     first.send_signal(signal.SIGTERM)
-    assert first.wait(timeout=90) == 0, _tails([first_log])
+    assert first.wait(timeout=90) == 0, tails([first_log])
     stopped = [jobs.get(i) for i in ids]
     assert all(j.status in (Status.QUEUED, Status.SUCCEEDED) for j in stopped), stopped
     assert [j.status for j in stopped[1:]] == [Status.QUEUED, Status.QUEUED], "a stopping service claims nothing"

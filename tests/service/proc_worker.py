@@ -6,7 +6,8 @@ Environment: the ``MERGE_SERVICE_*`` settings, ``LEDGER_DIR``, ``CRASH_AT`` (JSO
 the first attempt of a job on that target stops dead, waiting to be killed), ``STEP_SECONDS`` (time per phase).
 With ``RUNNER=engine`` the real engine runs the merges (Spark at ``MERGE_SERVICE_SPARK_REMOTE``) and the same
 crash points apply, ``after_commit`` being after the Delta log entry is written and before the job row is
-updated: the harness for crash tests against real tables.
+updated: the harness for crash and order tests against real tables. Either runner holds a lock file per table
+while an attempt runs and notes in ``LEDGER_DIR/violations`` any attempt that found it held.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,20 +56,12 @@ class LedgerRunner:
         self.crash_at = crash_at
         self.step = step
 
-    def _violation(self, text: str) -> None:
-        with open(self.dir / "violations", "a") as f:
-            f.write(text + "\n")
-
     def _maybe_crash(self, job: ClaimedJob, phase: str) -> None:
         stop_dead(self.dir, job, phase, self.crash_at)
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Callable[[str], None], tag: str) -> Result:
         name = table_name(job.target_key)
-        with open(self.dir / f"{name}.running", "a") as running:
-            try:
-                fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self._violation(f"two jobs ran at once on {job.target_key}")
+        with alone_on_table(self.dir, job):
             for phase in PHASES:
                 on_progress(phase)
                 self._maybe_crash(job, phase)
@@ -80,7 +74,7 @@ class LedgerRunner:
                     if entry["app_id"] == txn.app_id and entry["txn"] == txn.version:
                         return Result(table_version=version, already_applied=True)
                 if entries and entries[-1]["txn"] > txn.version:
-                    self._violation(f"{job.lease.job_id} (seq {txn.version}) ran after seq {entries[-1]['txn']}")
+                    violation(self.dir, f"{job.lease.job_id} (seq {txn.version}) ran after seq {entries[-1]['txn']}")
                 with open(ledger_path, "a") as ledger:
                     ledger.write(json.dumps({"app_id": txn.app_id, "txn": txn.version, "job": job.lease.job_id,
                                              "attempt": job.lease.attempt}) + "\n")
@@ -100,6 +94,23 @@ class LedgerRunner:
         pass
 
 
+def violation(directory: Path, text: str) -> None:
+    with open(directory / "violations", "a") as f:
+        f.write(text + "\n")
+
+
+@contextmanager
+def alone_on_table(directory: Path, job: ClaimedJob) -> Iterator[None]:
+    """Hold the target's lock file while an attempt runs; finding it held means two jobs of one table ran at once
+    (a process killed with SIGKILL lets go of it as it dies)."""
+    with open(directory / f"{table_name(job.target_key)}.running", "a") as running:
+        try:
+            fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            violation(directory, f"two jobs ran at once on {job.target_key} ({job.lease.job_id} among them)")
+        yield
+
+
 def stop_dead(directory: Path, job: ClaimedJob, phase: str, crash_at: dict[str, str]) -> None:
     """At the chosen point of a job's first attempt: leave a marker and wait to be killed."""
     if job.lease.attempt == 1 and crash_at.get(job.target_key) == phase:
@@ -109,7 +120,8 @@ def stop_dead(directory: Path, job: ClaimedJob, phase: str, crash_at: dict[str, 
 
 
 class CrashingEngineRunner:
-    """The real engine, stopping dead at a chosen phase (or right after its commit) on a job's first attempt."""
+    """The real engine, stopping dead at a chosen phase (or right after its commit) on a job's first attempt, and
+    noting a second job of one table running at once in ``violations``."""
 
     def __init__(self, inner: EngineRunner, directory: Path, crash_at: dict[str, str]) -> None:
         self.inner = inner
@@ -121,8 +133,9 @@ class CrashingEngineRunner:
             on_progress(phase)
             stop_dead(self.dir, job, phase, self.crash_at)
 
-        result = self.inner.run(job, txn=txn, on_progress=progress, tag=tag)
-        stop_dead(self.dir, job, "after_commit", self.crash_at)
+        with alone_on_table(self.dir, job):
+            result = self.inner.run(job, txn=txn, on_progress=progress, tag=tag)
+            stop_dead(self.dir, job, "after_commit", self.crash_at)
         return result
 
     def interrupt(self, tag: str) -> None:

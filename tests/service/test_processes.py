@@ -1,5 +1,6 @@
-"""Real worker processes: SIGKILL in every phase (and right after the commit, before the row is updated),
-per-table order with three workers on PostgreSQL, and a restart with jobs queued and running."""
+"""Real worker processes killed with SIGKILL in every phase (and right after the commit, before the row is
+updated), with a runner that keeps a ledger per table in place of Delta commits. Per-table order with three
+workers through a restart runs against real Delta tables in tests/e2e/test_order.py."""
 
 from __future__ import annotations
 
@@ -109,30 +110,3 @@ def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: J
     assert_exactly_once(jobs_db, workers.ledger, ids)
     for target in crash_at:
         assert jobs_db.get(ids[target][0]).attempts == 2
-
-
-@pytest.mark.slow
-@pytest.mark.postgres
-# Production's backend: the order test runs on PostgreSQL only, with three worker processes.
-@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-def test_three_workers_keep_per_table_order_through_a_restart(jobs_db: JobManager, workers: Workers) -> None:
-    assert jobs_db.engine.dialect.name == "postgresql"
-    tables = [f"/lake/t{i}" for i in range(5)]
-    ids: dict[str, list[str]] = {t: [] for t in tables}
-    for i in range(150):
-        target = tables[(i * 7 + i // 5) % 5]  # interleaved, uneven
-        ids[target].append(submit(jobs_db, target))
-    first = [workers.start(step=0.005) for _ in range(3)]
-
-    def done() -> int:
-        return sum(1 for t in tables for _ in read_ledger(workers.ledger / f"{table_name(t)}.ledger"))
-
-    wait_until(lambda: done() >= 50, timeout=60)
-    first[0].send_signal(signal.SIGKILL)  # a crash...
-    first[1].send_signal(signal.SIGTERM)  # ...and a graceful stop, with jobs queued and running
-    first[0].wait()
-    first[1].wait(timeout=20)
-    workers.start(step=0.005)
-    workers.start(step=0.005)
-    wait_until(lambda: all(jobs_db.get(i).finished for t in tables for i in ids[t]), timeout=120)
-    assert_exactly_once(jobs_db, workers.ledger, ids)
