@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -71,8 +72,10 @@ def _arrow_type(node: exp.DataType, column: str) -> pa.DataType:
     raise SourceError(f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.")
 
 
+@functools.lru_cache(maxsize=256)
 def parse_schema(ddl: str) -> pa.Schema:
-    """A Spark DDL column list (``id BIGINT, name STRING``) as an Arrow schema."""
+    """A Spark DDL column list (``id BIGINT, name STRING``) as an Arrow schema. Cached: integrations send the
+    same few schemas with every batch, and the parse costs more than typing the rows."""
     if re.search(r"(^\s*,)|(,\s*(,|$))", ddl):
         raise SourceError(f"schema: {ddl!r} has an empty column definition.")
     try:
