@@ -423,6 +423,10 @@ class JobManager:
                     seq = conn.execute(CLAIM_CANDIDATE_LOCKED, params).scalar_one_or_none()
                     if seq is None:
                         return None
+                    # The job this one waited for may have finished after the clock was read above: read it
+                    # again, so a job never starts before its predecessor on the same table finished.
+                    now = self.clock()
+                    params = {"now": now, "expires": now + self.lease, "owner": owner}
                     row = conn.execute(CLAIM_SEQ, {**params, "claim_seq": seq}).first()
         except sa_exc.IntegrityError:
             # The unique index on running jobs per target refused a second running job: someone else won.

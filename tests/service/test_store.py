@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, text, update
@@ -333,3 +333,34 @@ def test_upgrade_keeps_jobs_keys_and_the_sequence(database_url: str) -> None:
     fresh, created = manager.submit(new(idempotency_key="k1", request_hash="h", idempotency_scope="alice"))
     assert created and fresh.seq > 3  # seq 3 was issued once, so it is never issued again
     manager.dispose()
+
+
+@pytest.mark.parametrize("database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_a_job_never_starts_before_its_predecessor_finished(database_url: str) -> None:
+    """PostgreSQL claims without a global lock: the predecessor may finish between the claimer's first clock
+    read and its candidate query. The recorded start must still follow that finish."""
+    first_manager = JobManager.from_url(database_url, lease_seconds=30)
+    first_manager.migrate()
+    first = first_manager.submit(new("/lake/t"))[0]
+    second = first_manager.submit(new("/lake/t"))[0]
+    claimed = first_manager.claim("worker-a")
+    assert claimed is not None and claimed.lease.job_id == first.id
+    finished: list[bool] = []
+
+    def clock_that_lets_the_predecessor_finish() -> datetime:
+        now = datetime.now(UTC)
+        if not finished:  # the predecessor commits its outcome right after this reading
+            finished.append(True)
+            first_manager.succeed(claimed.lease, table_version=1, result={}, metrics={})
+        return now
+
+    second_manager = JobManager.from_url(database_url, lease_seconds=30, clock=clock_that_lets_the_predecessor_finish)
+    try:
+        taken = second_manager.claim("worker-b")
+        assert taken is not None and taken.lease.job_id == second.id
+        done, started = first_manager.get(first.id), first_manager.get(second.id)
+        assert done.finished_at is not None and started.started_at is not None
+        assert started.started_at >= done.finished_at
+    finally:
+        second_manager.dispose()
+        first_manager.dispose()
