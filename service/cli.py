@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_migrate(settings)
         if args.command in ("serve", "api"):
             processes = next(n for n in (args.api_processes, settings.api_processes,
-                                         default_api_processes(args.command)) if n is not None)
+                                         default_api_processes(args.command, settings.database_url)) if n is not None)
             if processes < 1:
                 raise SystemExit("merge-service: --api-processes must be at least 1")
             if args.command == "serve":

@@ -30,8 +30,8 @@ class Settings(BaseSettings):
     """Empty means no authentication."""
     workers: int = Field(default=1, ge=0)
     api_processes: int | None = Field(default=None, ge=1)
-    """API server processes sharing the port. Unset: one for ``serve`` (API and workers in one process), and one
-    per CPU, at most 4, for ``api``. One process serves requests on one core (Python's GIL)."""
+    """API server processes sharing the port. Unset: one for ``serve`` (API and workers in one process) and for a
+    SQLite job table, else one per CPU, at most 4, for ``api``. One process serves requests on one core."""
 
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     lease_seconds: float = Field(default=30.0, gt=0)
@@ -67,8 +67,10 @@ class Settings(BaseSettings):
 MAX_DEFAULT_API_PROCESSES = 4
 
 
-def default_api_processes(command: str) -> int:
-    if command == "serve":
+def default_api_processes(command: str, database_url: str) -> int:
+    """One process for ``serve`` and for SQLite, whose one writer at a time makes processes queue on its file
+    lock (the latency tail grows with each process); one per CPU otherwise."""
+    if command == "serve" or database_url.startswith("sqlite"):
         return 1
     return max(1, min(MAX_DEFAULT_API_PROCESSES, os.cpu_count() or 1))
 

@@ -140,3 +140,11 @@ def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
     out = proc.stdout.read().decode()  # type: ignore[union-attr]
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert sum("Started server process" in r["event"] for r in records) == 2
+
+
+def test_default_api_processes_follow_the_command_and_the_database() -> None:
+    from service.settings import default_api_processes
+
+    assert default_api_processes("serve", "postgresql://db/jobs") == 1
+    assert default_api_processes("api", "sqlite:///var/jobs.db") == 1  # one writer at a time: no gain, longer tail
+    assert 1 <= default_api_processes("api", "postgresql://db/jobs") <= 4
