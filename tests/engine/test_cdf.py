@@ -12,14 +12,20 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import given, note
 from pyspark.sql import SparkSession
 
 from engine import run_merge
 from engine.errors import SchemaMismatchError
 from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
 from tests.engine.test_merge import CASES, SOURCE, TARGET
-from tests.engine.test_merge_random import ModelMultipleMatch, merges, model_merge, to_arrow
+from tests.engine.test_merge_random import (
+    ModelMultipleMatch,
+    merges,
+    model_merge,
+    random_merge_settings,
+    to_arrow,
+)
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 EXAMPLES = int(os.environ.get("MERGE_RANDOM_CDF_EXAMPLES", "100"))
@@ -98,10 +104,7 @@ def test_delete_only_multiple_matches_yield_one_delete_row(spark: SparkSession, 
 
 
 @pytest.mark.slow
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large])
+@random_merge_settings(EXAMPLES)
 @given(case=merges())
 def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
     note(f"case: {case!r}")

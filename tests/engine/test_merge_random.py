@@ -232,12 +232,17 @@ def as_sorted(data: list[Row], columns: list[str]) -> list[tuple[Any, ...]]:
 _counter = itertools.count()
 
 
+def random_merge_settings(examples: int) -> settings:
+    """Each example runs two real merges: no deadline, no shrinking (it would take longer than the failure is
+    worth), the same examples on every run."""
+    return settings(max_examples=examples, deadline=None, derandomize=True,
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                           HealthCheck.data_too_large])
+
+
 @pytest.mark.slow
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          # Each example runs two real merges: shrinking would take longer than the failure is worth.
-          phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large])
+@random_merge_settings(EXAMPLES)
 @given(case=merges())
 def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
     note(f"case: {case!r}")

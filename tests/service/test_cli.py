@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from deltalake import DeltaTable
 
 from service.cli import main
@@ -24,6 +25,32 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}",
         "MERGE_SERVICE_LAKE_ROOTS": str(tmp_path / "lake"),
     }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_api(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[subprocess.Popen[bytes], int]:
+    """Migrate, start ``merge-service api`` as a deployment would, and wait until it answers /readyz with 200."""
+    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
+                   capture_output=True)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the API did not become ready:\n{proc.stdout.read().decode()}")  # type: ignore[union-attr]
+        time.sleep(0.2)
 
 
 def test_migrate_then_demo(tmp_path: Path, monkeypatch: object, capsys: object) -> None:
@@ -41,24 +68,8 @@ def test_migrate_then_demo(tmp_path: Path, monkeypatch: object, capsys: object) 
 
 
 def test_api_process_waits_for_schema_serves_and_stops(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, port = _start_api(_env(tmp_path))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.stdout.read().decode()  # type: ignore[union-attr]
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-        assert ready.status_code == 200
         listed = httpx.get(f"http://127.0.0.1:{port}/merges", timeout=5)
         assert listed.json() == {"items": [], "next_cursor": None}
     finally:
@@ -67,23 +78,8 @@ def test_api_process_waits_for_schema_serves_and_stops(tmp_path: Path) -> None:
 
 
 def test_server_and_access_logs_are_json_lines(tmp_path: Path) -> None:
-    env = _env(tmp_path)
-    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
-                   capture_output=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, port = _start_api(_env(tmp_path))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
         assert httpx.get(f"http://127.0.0.1:{port}/merges/01NOSUCHJOB?x=1", timeout=5).status_code == 404
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -104,23 +100,8 @@ def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
 
     env = {**_env(tmp_path), "MERGE_SERVICE_ACCESS_LOG": "false"}
     (tmp_path / "lake" / "t").mkdir(parents=True)
-    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
-                   capture_output=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port), "--api-processes", "2"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, port = _start_api(env, "--api-processes", "2")
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
         servers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
         assert len(servers) == 2
         body = {"target": str(tmp_path / "lake" / "t"), "source": {"rows": [{"id": 1}], "schema": "id BIGINT"},
@@ -142,9 +123,12 @@ def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
     assert sum("Started server process" in r["event"] for r in records) == 2
 
 
-def test_default_api_processes_follow_the_command_and_the_database() -> None:
+@pytest.mark.parametrize(("cpus", "expected"), [(None, 1), (1, 1), (2, 2), (16, 4)])
+def test_default_api_processes_follow_the_command_and_the_database(
+        monkeypatch: pytest.MonkeyPatch, cpus: int | None, expected: int) -> None:
     from service.settings import default_api_processes
 
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     assert default_api_processes("serve", "postgresql://db/jobs") == 1
     assert default_api_processes("api", "sqlite:///var/jobs.db") == 1  # one writer at a time: no gain, longer tail
-    assert 1 <= default_api_processes("api", "postgresql://db/jobs") <= 4
+    assert default_api_processes("api", "postgresql://db/jobs") == expected  # one per CPU, at most 4
