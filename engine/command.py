@@ -422,8 +422,7 @@ class MergeIntoCommand:
         if isinstance(source, RowsSource):
             return len(source.rows)
         if isinstance(source, TableSource) and source.format == "delta":
-            counts = [f.stats.num_records if f.stats is not None else None for f in self._source_snapshot().files]
-            return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+            return delta.known_num_records(self._source_snapshot().files)
         return None
 
     # --- the commit ----------------------------------------------------------------------------------------------

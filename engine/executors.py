@@ -108,12 +108,7 @@ def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Seq
     costs less than building and shipping the broadcast)."""
     if rows is None:
         return False
-    target_rows = 0
-    for f in target_files:
-        if f.stats is None or f.stats.num_records is None:
-            target_rows = None
-            break
-        target_rows += f.stats.num_records
+    target_rows = delta.known_num_records(target_files)
     if target_rows is not None and rows * BROADCAST_SIZE_RATIO > target_rows:
         return False
     return rows * _row_bytes(ctx.source.schema) <= BROADCAST_SOURCE_BYTES

@@ -13,6 +13,7 @@ from engine.delta.actions import (
     Protocol,
     RemoveFile,
     SetTransaction,
+    known_num_records,
 )
 from engine.delta.app_transactions import commit_info, find_app_transaction_commit
 from engine.delta.features import check_can_modify, check_supported
@@ -25,7 +26,6 @@ from engine.delta.write import (
     check_no_reserved_cdc_columns,
     discard_write,
     target_partitions,
-    write_cdc_files,
     write_data_and_cdc_files,
     write_data_files,
 )
@@ -51,11 +51,11 @@ __all__ = [
     "commit_info",
     "discard_write",
     "find_app_transaction_commit",
+    "known_num_records",
     "load_snapshot",
     "prune_files",
     "scan_files",
     "target_partitions",
-    "write_cdc_files",
     "write_data_and_cdc_files",
     "write_data_files",
 ]

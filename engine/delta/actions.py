@@ -347,6 +347,16 @@ class SetTransaction:
 Action = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction
 
 
+def known_num_records(files: Sequence[AddFile]) -> int | None:
+    """The rows in ``files`` from their statistics; None when a file has no row count."""
+    total = 0
+    for f in files:
+        if f.stats is None or f.stats.num_records is None:
+            return None
+        total += f.stats.num_records
+    return total
+
+
 def parse_schema(schema_string: str) -> T.StructType:
     """Delta's schema JSON is Spark's: no server needed."""
     parsed = T.StructType.fromJson(json.loads(schema_string))

@@ -239,25 +239,6 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
         raise
 
 
-def write_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
-                    schema: T.StructType | str | dict[str, Any] | None = None) -> list[AddCDCFile]:
-    """Write Change Data Feed rows (table columns plus ``_change_type``) under
-    ``<root>/_change_data/<write_id>/`` and answer the ``cdc`` actions for them."""
-    _check_write_id(write_id)
-    target = _resolve_schema(snapshot, schema)
-    parts = _partition_types(target, snapshot.partition_columns)
-    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
-    rel_dir = f"{CHANGE_DATA_DIR}/{write_id}"
-    out_dir = os.path.join(snapshot.root, CHANGE_DATA_DIR, write_id)
-    _check_fresh(out_dir)
-    try:
-        _write(spark, conformed, out_dir, list(parts))
-        return _cdcs(_list_written(snapshot.root, rel_dir, parts, _session_tz(spark)))
-    except BaseException:
-        snapshot.storage.delete(rel_dir)
-        raise
-
-
 def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
                              schema: T.StructType | str | dict[str, Any] | None = None
                              ) -> tuple[list[AddFile], list[AddCDCFile]]:

@@ -22,7 +22,6 @@ from engine.delta import (
     Transaction,
     discard_write,
     load_snapshot,
-    write_cdc_files,
     write_data_and_cdc_files,
     write_data_files,
 )
@@ -232,7 +231,8 @@ def test_change_data_files_read_by_deltalake(spark: SparkSession, lake: Path) ->
     assert snapshot.cdf_enabled
     target = next(f for f in snapshot.files if f.partition_values["p"] == "a")
     changes = spark.sql("SELECT 1L AS id, 'a' AS p, 'delete' AS _change_type")
-    cdcs = write_cdc_files(spark, changes, snapshot, write_id="c1")
+    adds, cdcs = write_data_and_cdc_files(spark, changes, snapshot, write_id="c1")
+    assert adds == []  # only change rows: no data file
     assert [type(c) for c in cdcs] == [AddCDCFile]
     assert cdcs[0].path.startswith("_change_data/c1/p=a/") and cdcs[0].partition_values == {"p": "a"}
     assert not cdcs[0].data_change
