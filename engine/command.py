@@ -175,6 +175,7 @@ class MergeIntoCommand:
         self._committed = False
         self._outcome_unknown = False
         self._source_snap: Any = None
+        self._ctx: MergeContext | None = None
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -199,6 +200,9 @@ class MergeIntoCommand:
             # Files of a commit whose outcome is unknown may be live in the table: those are never removed.
             if snapshot is not None and wrote and not self._committed and not self._outcome_unknown:
                 delta.discard_write(snapshot, self.write_id)
+            if self._ctx is not None:
+                with contextlib.suppress(PySparkException):
+                    self._ctx.release()
             for view in self._views:
                 with contextlib.suppress(PySparkException):
                     self.spark.catalog.dropTempView(view)
@@ -243,6 +247,7 @@ class MergeIntoCommand:
         ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
                            cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs,
                            source_rows_estimate=self._source_rows_estimate())
+        self._ctx = ctx
         removed: list[Any] = []
         cdc_files: list[Any] = []
         if spec.is_insert_only:

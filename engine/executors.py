@@ -15,11 +15,11 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, ByteType, DataType, IntegerType, LongType, MapType, ShortType, StructType
 
 from engine import delta
 from engine.errors import MergeExecutionError, MultipleMatchError
-from engine.expressions import quote_identifier
+from engine.expressions import KeyedOn, Sides, keyed_on, quote_identifier, sql
 from engine.output import (
     ACTION_COL,
     CDC_TYPE_COL,
@@ -51,6 +51,8 @@ BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
 BROADCAST_SIZE_RATIO = 4
 """... and only when the target rows they meet are at least this many times as many."""
 SECOND_SCAN_COL = "_source_row_in_second_scan_"
+SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
+MATCHED_KEYS_ALIAS = "_matched_keys_"
 
 
 @dataclass
@@ -74,6 +76,8 @@ class MergeContext:
     touched_files: list[Any] = field(default_factory=list)
     source_rows_estimate: int | None = None
     """Source rows known before any Spark job (inline rows, a Delta source's statistics); None if unknown."""
+    matched_source_keys: tuple[DataFrame, KeyedOn] | None = None
+    """The source keys some target row matched (cached by findTouchedFiles), as ``_key_<i>_`` columns."""
 
     @property
     def output_names(self) -> list[str]:
@@ -82,9 +86,64 @@ class MergeContext:
     def target_df(self, files: Sequence[Any], *, file_columns: bool = True) -> DataFrame:
         return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
 
+    def release(self) -> None:
+        """Free what the merge cached on the Spark server."""
+        if self.matched_source_keys is not None:
+            self.matched_source_keys[0].unpersist()
+            self.matched_source_keys = None
+
 
 def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
     return ctx.source.observe(obs, F.count(F.lit(1)).alias("numSourceRows"))
+
+
+def _touches_every_match(spec: MergeSpec) -> bool:
+    """Whether any match touches its file: some clause acts on matches without condition, or NOT MATCHED
+    clauses make the write read every matched row."""
+    return not spec.is_matched_only or any(c.condition is None for c in spec.matched)
+
+
+_INTEGRAL_TYPES = (ByteType, ShortType, IntegerType, LongType)
+
+
+def _same_key_values(source: DataType | None, target: DataType | None) -> bool:
+    """Whether distinct source key values stay distinct when compared with the target column."""
+    if source is None or target is None:
+        return False
+    if isinstance(source, _INTEGRAL_TYPES) and isinstance(target, _INTEGRAL_TYPES):
+        return True
+    return source == target and not isinstance(source, (StructType, ArrayType, MapType))
+
+
+def _key_condition(keyed: KeyedOn, left: Sequence[str], right: Sequence[str]) -> Column:
+    """ON's key equalities, each between ``left[i]`` and ``right[i]`` (qualified names) with its key's
+    null-safety."""
+    condition: Column | None = None
+    for key, left_name, right_name in zip(keyed.keys, left, right, strict=True):
+        left_col, right_col = F.col(left_name), F.col(right_name)
+        equal = left_col.eqNullSafe(right_col) if key.null_safe else left_col == right_col
+        condition = equal if condition is None else condition & equal
+    assert condition is not None
+    return condition
+
+
+def _qualified(alias: str, name: str) -> str:
+    return f"{quote_identifier(alias)}.{quote_identifier(name)}"
+
+
+def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
+    """Touched files and multiple-match counts, observed as ``rows`` stream past in one Spark job."""
+    obs = Observation("findTouchedFiles")
+    rows.observe(
+        obs,
+        F.collect_set(F.when(touched, F.col(delta.FILE_NAME_COL))).alias("touched"),
+        F.count_if(matches > 1).alias("multiple_match_rows"),
+        F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
+    ).write.format("noop").mode("overwrite").save()
+    found = obs.get
+    if not found:
+        raise MergeExecutionError("Spark did not report which files the merge touches; nothing was committed.")
+    return found
 
 
 def _is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
@@ -125,6 +184,18 @@ def source_rows_matching_none(source: DataFrame, target: DataFrame, on: Column, 
     return source.alias(source_alias).join(matched_targets.alias(target_alias), on, "left_anti")
 
 
+def source_rows_matching_no_key(source: DataFrame, matched: DataFrame, keyed: KeyedOn,
+                                source_alias: str) -> DataFrame:
+    """``source LEFT ANTI JOIN target`` from the keys findTouchedFiles saw matched: a source row matches
+    some target row exactly when its key is among them and it passes ON's source-only conjuncts."""
+    names = [f"_key_{i}_" for i in range(len(keyed.keys))]
+    condition = _key_condition(keyed, [_qualified(source_alias, k.source_column) for k in keyed.keys],
+                               [_qualified(MATCHED_KEYS_ALIAS, n) for n in names])
+    for predicate in keyed.source_only:
+        condition = condition & F.expr(sql(predicate))
+    return source.alias(source_alias).join(matched.select(*names).alias(MATCHED_KEYS_ALIAS), condition, "left_anti")
+
+
 class ClassicMergeExecutor:
     def __init__(self, ctx: MergeContext) -> None:
         self.ctx = ctx
@@ -139,9 +210,39 @@ class ClassicMergeExecutor:
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return []
         obs = Observation("numSourceRows")
-        source = _source_with_count(ctx, obs).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        source = _source_with_count(ctx, obs)
+        keyed = self._keyed_on() if _touches_every_match(spec) else None
+        found = self._find_by_target_rows(source) if keyed is None else self._find_by_source_keys(source, keyed)
+        ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
+        multiple_match_count = int(found.get("multiple_match_rows") or 0)
+        multiple_match_sum = int(found.get("multiple_match_sum") or 0)
+        if multiple_match_count > 0:
+            if not _is_only_one_unconditional_delete(spec):
+                raise MultipleMatchError(self._multiple_match_message(self._matches()))
+            # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
+            ctx.metrics["_multipleMatchDeleteOnlyOvercount"] = multiple_match_sum - multiple_match_count
+            ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
+        if spec.not_matched_by_source:
+            touched_names = {f.path for f in ctx.candidate_files}
+        else:
+            touched_names = set(found.get("touched") or [])
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched_names]
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        return ctx.touched_files
+
+    def _matches(self, source: DataFrame | None = None) -> DataFrame:
+        """Every (source row, candidate target row) pair ON matches."""
+        ctx = self.ctx
+        spec = ctx.spec
+        source = ctx.source if source is None else source
         target = ctx.target_df(ctx.candidate_files)
-        joined = source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, "inner")
+        return source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, "inner")
+
+    def _find_by_target_rows(self, source: DataFrame) -> dict[str, Any]:
+        """Delta's findTouchedFiles: the matches counted per target row (file, row index)."""
+        ctx = self.ctx
+        spec = ctx.spec
+        joined = self._matches(source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)))
         if spec.is_matched_only:
             conditions = [c.condition for c in ctx.resolved.matched]
             matched_predicate: Column = F.lit(True)
@@ -156,32 +257,63 @@ class ClassicMergeExecutor:
             F.count(F.lit(1)).alias("matches"), F.max(touch).alias("touch")
         )
         # One shuffle: the per-file answers are observed as the per-row counts stream past, not aggregated again.
-        obs_files = Observation("findTouchedFiles")
-        per_row.observe(
-            obs_files,
-            F.collect_set(F.when(F.col("touch") == 1, F.col(delta.FILE_NAME_COL))).alias("touched"),
-            F.count_if(F.col("matches") > 1).alias("multiple_match_rows"),
-            F.sum(F.when(F.col("matches") > 1, F.col("matches")).otherwise(0)).alias("multiple_match_sum"),
-        ).write.format("noop").mode("overwrite").save()
-        found = obs_files.get
-        if not found:
-            raise MergeExecutionError("Spark did not report which files the merge touches; nothing was committed.")
-        ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
-        multiple_match_count = int(found.get("multiple_match_rows") or 0)
-        multiple_match_sum = int(found.get("multiple_match_sum") or 0)
-        if multiple_match_count > 0:
-            if not _is_only_one_unconditional_delete(spec):
-                raise MultipleMatchError(self._multiple_match_message(joined))
-            # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
-            ctx.metrics["_multipleMatchDeleteOnlyOvercount"] = multiple_match_sum - multiple_match_count
-            ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
-        if spec.not_matched_by_source:
-            touched_names = {f.path for f in ctx.candidate_files}
-        else:
-            touched_names = set(found.get("touched") or [])
-        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched_names]
-        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
-        return ctx.touched_files
+        return _observe_touched(per_row, F.col("touch") == 1, F.col("matches"))
+
+    def _keyed_on(self) -> KeyedOn | None:
+        """ON's key equalities when every distinct source key tuple is one value to the target: the two columns
+        have one type (or both are integers), so no two distinct source keys can equal the same target value."""
+        ctx = self.ctx
+        spec = ctx.spec
+        target_types = {f.name.lower(): f.dataType for f in ctx.snapshot.spark_schema.fields}
+        source_types = {f.name.lower(): f.dataType for f in ctx.source.schema.fields}
+        sides = Sides(spec.target_alias, spec.source_alias, frozenset(target_types), frozenset(source_types))
+        keyed = keyed_on(spec.on, sides)
+        if keyed is None:
+            return None
+        for key in keyed.keys:
+            target_type = target_types.get(key.target_column.lower())
+            source_type = source_types.get(key.source_column.lower())
+            if not _same_key_values(source_type, target_type):
+                return None
+        return keyed
+
+    def _find_by_source_keys(self, source: DataFrame, keyed: KeyedOn) -> dict[str, Any]:
+        """findTouchedFiles without shuffling the target: the source is grouped by its join keys (rows that
+        no target row can match left out) and broadcast; each target row meets at most one group, whose row
+        count is that row's number of matches. The matched keys are kept for writeAllChanges when it will need
+        the source rows that match nothing."""
+        ctx = self.ctx
+        spec = ctx.spec
+        s, t = spec.source_alias, spec.target_alias
+        keyable = source.alias(s)
+        for predicate in keyed.source_only:
+            keyable = keyable.where(F.expr(sql(predicate)))
+        for key in keyed.keys:
+            if not key.null_safe:
+                keyable = keyable.where(F.col(quote_identifier(key.source_column)).isNotNull())
+        key_columns = list({k.source_column.lower(): k.source_column for k in keyed.keys}.values())
+        groups = keyable.groupBy(*[F.col(quote_identifier(c)) for c in key_columns]).agg(
+            F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL)
+        )
+        condition = _key_condition(keyed, [_qualified(t, k.target_column) for k in keyed.keys],
+                                   [_qualified(s, k.source_column) for k in keyed.keys])
+        for predicate in keyed.target_only:
+            condition = condition & F.expr(sql(predicate))
+        target = ctx.target_df(ctx.candidate_files).alias(t)
+        matched = target.join(F.broadcast(groups.alias(s)), condition, "inner").select(
+            F.col(_qualified(t, delta.FILE_NAME_COL)).alias(delta.FILE_NAME_COL),
+            F.col(SOURCE_KEY_ROWS_COL),
+            *[F.col(_qualified(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)],
+        )
+        if spec.not_matched and self._may_broadcast_source():
+            matched = matched.persist()
+            ctx.matched_source_keys = (matched, keyed)
+        return _observe_touched(matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL))
+
+    def _may_broadcast_source(self) -> bool:
+        ctx = self.ctx
+        estimate = ctx.source_rows_estimate
+        return estimate is None or source_fits_broadcast(ctx, estimate, ctx.candidate_files)
 
     def _multiple_match_message(self, joined: DataFrame) -> str:
         ctx = self.ctx
@@ -223,11 +355,16 @@ class ClassicMergeExecutor:
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return source.alias(s).join(target.alias(t), on, "full_outer")
         with_source = target.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer")
-        unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on, s, t)
+        if ctx.matched_source_keys is not None:
+            matched, keyed = ctx.matched_source_keys
+            unmatched = source_rows_matching_no_key(source, matched, keyed, s)
+        else:
+            unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on,
+                                                  s, t)
         target_fields = target.schema.fields
         padded = unmatched.select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in target_fields],
-            *[F.col(f"{quote_identifier(s)}.{quote_identifier(f.name)}") for f in source.schema.fields],
+            *[F.col(_qualified(s, f.name)) for f in source.schema.fields],
         )
         # Union is by position and keeps the first side's columns, qualifiers included.
         return with_source.union(padded)
@@ -266,8 +403,15 @@ class ClassicMergeExecutor:
         )
         projected = repartition_for_write(ctx, projected)
         obs = Observation("writeAllChanges")
-        codes = [MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE,
-                 INSERT, COPY]
+        # Only the actions some clause can take are counted: each count is an aggregate on every output row.
+        codes = [COPY]
+        for clauses, update, delete in ((ctx.resolved.matched, MATCHED_UPDATE, MATCHED_DELETE),
+                                        (ctx.resolved.not_matched_by_source, NOT_MATCHED_BY_SOURCE_UPDATE,
+                                         NOT_MATCHED_BY_SOURCE_DELETE)):
+            codes += [c for c, present in ((update, any(not r.is_delete for r in clauses)),
+                                           (delete, any(r.is_delete for r in clauses))) if present]
+        if ctx.resolved.not_matched:
+            codes.append(INSERT)
         observed = projected.observe(
             obs, *action_counts(codes),
             F.count_if(F.col(SECOND_SCAN_COL)).alias("numSourceRowsInSecondScan"),

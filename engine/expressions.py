@@ -209,6 +209,67 @@ def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expression]]:
     return keys
 
 
+@dataclass(frozen=True)
+class KeyEquality:
+    """``target_col = source_col`` (or ``<=>``) in ON, both sides plain columns."""
+
+    target_column: str
+    source_column: str
+    null_safe: bool
+
+
+@dataclass(frozen=True)
+class KeyedOn:
+    """ON as column equalities plus conjuncts over one side only; references qualified with their alias."""
+
+    keys: tuple[KeyEquality, ...]
+    target_only: tuple[exp.Expression, ...]
+    source_only: tuple[exp.Expression, ...]
+
+
+def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
+    """ON split into key equalities between a target column and a source column, and conjuncts that read one
+    side only; None when some conjunct mixes the sides otherwise, or a reference cannot be placed. Such an ON
+    matches a target row with at most one distinct source key, which lets findTouchedFiles count the source
+    rows per key instead of the matches per target row."""
+    aliases = {"target": sides.target_alias, "source": sides.source_alias}
+    keys: list[KeyEquality] = []
+    target_only: list[exp.Expression] = []
+    source_only: list[exp.Expression] = []
+    for conjunct in conjuncts(parse_expression(on, "on")):
+        found = sides.sides_of(conjunct)
+        if None in found:
+            return None
+        if found == {"target"}:
+            target_only.append(_qualified(conjunct, sides, aliases))
+            continue
+        if found == {"source"}:
+            source_only.append(_qualified(conjunct, sides, aliases))
+            continue
+        if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+            return None
+        left, right = conjunct.left, conjunct.right
+        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
+            return None
+        if sides.side(left) == "source":
+            left, right = right, left
+        keys.append(KeyEquality(str(left.name), str(right.name), isinstance(conjunct, exp.NullSafeEQ)))
+    if not keys:
+        return None
+    return KeyedOn(tuple(keys), tuple(target_only), tuple(source_only))
+
+
+def _qualified(node: exp.Expression, sides: Sides, aliases: dict[str, str]) -> exp.Expression:
+    def qualify(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column):
+            side = sides.side(n)
+            assert side is not None
+            return exp.column(n.name, table=exp.to_identifier(aliases[side], quoted=True), quoted=True)
+        return n
+
+    return node.copy().transform(qualify)
+
+
 def sql(node: exp.Expression) -> str:
     return node.sql(dialect=DIALECT)
 

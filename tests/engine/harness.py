@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -112,6 +112,14 @@ def differential(spark: SparkSession, tmp: Path, target_data: pa.Table, source_d
     result = run_merge(spark, make_spec(ours, source, on, clauses))
     expected = oracle_merge(theirs, source_data, on, clauses)
     return result, expected, ours, theirs
+
+
+def find_plan(*, by_source_keys: bool) -> AbstractContextManager[Any]:
+    """Force one of findTouchedFiles' two plans where ON allows the first: the source grouped by its join keys
+    and broadcast past the target, or the matches counted per target row after a shuffle (Delta's own)."""
+    if by_source_keys:
+        return nullcontext()
+    return patch.object(executors.ClassicMergeExecutor, "_keyed_on", lambda self: None)
 
 
 def join_plan(*, broadcast: bool) -> AbstractContextManager[Any]:

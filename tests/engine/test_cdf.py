@@ -17,10 +17,11 @@ from pyspark.sql import SparkSession
 
 from engine import run_merge
 from engine.errors import SchemaMismatchError
-from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
+from tests.engine.harness import clause, find_plan, join_plan, make_spec, oracle_merge, rows, write_table
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import (
     ModelMultipleMatch,
+    has_multiple_matches,
     merges,
     model_merge,
     random_merge_settings,
@@ -110,11 +111,12 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
     note(f"case: {case!r}")
     columns, types = case["columns"], case["types"]
     target_rows, source_rows, clauses = case["target"], case["source"], case["clauses"]
+    on = case["on"]
     try:
-        model_merge(target_rows, source_rows, clauses, columns)
+        model_merge(target_rows, source_rows, clauses, columns, on)
     except ModelMultipleMatch:
         return  # the random suite checks the failure; no change data to compare
-    if any(sum(1 for s in source_rows if s["k"] is not None and s["k"] == t["k"]) > 1 for t in target_rows):
+    if has_multiple_matches(target_rows, source_rows, on):
         return  # deltalake has no multiple-match rule; the hand-written case above covers it
     root = tmp_path / f"cdf{len(list(tmp_path.iterdir()))}"
     partition_by = ["p"] if case["partitioned"] else None
@@ -125,9 +127,9 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
     source_arrow = to_arrow(source_rows, columns, types)
     source = write_table(root / "source", source_arrow)
     engine_clauses = [c.engine_clause() for c in clauses]
-    with join_plan(broadcast=case["broadcast"]):
-        result = run_merge(spark, make_spec(ours, source, "t.k = s.k", engine_clauses))
-    oracle_merge(theirs, source_arrow, "t.k = s.k", engine_clauses)
+    with join_plan(broadcast=case["broadcast"]), find_plan(by_source_keys=case["by_source_keys"]):
+        result = run_merge(spark, make_spec(ours, source, on.sql, engine_clauses))
+    oracle_merge(theirs, source_arrow, on.sql, engine_clauses)
     assert rows(ours, columns) == rows(theirs, columns)
     if result.table_version is not None and DeltaTable(str(theirs)).version() == 1:
         mine, oracle = changes(ours, columns), changes(theirs, columns)

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from engine import MergeClause, run_merge
 from engine.errors import MultipleMatchError
-from tests.engine.harness import clause, join_plan, make_spec, oracle_merge, rows, write_table
+from tests.engine.harness import clause, find_plan, join_plan, make_spec, oracle_merge, rows, write_table
 
 EXAMPLES = int(os.environ.get("MERGE_RANDOM_EXAMPLES", "300"))
 
@@ -96,13 +96,33 @@ class ModelClause:
         return clause(self.kind, self.action, self.cond.sql if self.cond else None, **self.assign_sql)
 
 
+@dataclass(frozen=True)
+class On:
+    """A merge condition: SQL text for both engines, and when it holds in Python."""
+
+    sql: str
+    fn: Callable[[Row, Row], bool]
+
+
+ONS = [
+    On("t.k = s.k", lambda t, s: t["k"] is not None and s["k"] == t["k"]),
+    On("t.k <=> s.k", lambda t, s: s["k"] == t["k"]),
+    On("t.k = s.k AND s.k > 1", lambda t, s: t["k"] is not None and s["k"] == t["k"] and t["k"] > 1),
+    On("s.k = t.k AND t.k < 5", lambda t, s: t["k"] is not None and s["k"] == t["k"] and t["k"] < 5),
+]
+
+
+def has_multiple_matches(target: list[Row], source: list[Row], on: On = ONS[0]) -> bool:
+    return any(sum(1 for s in source if on.fn(t, s)) > 1 for t in target)
+
+
 def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause],
-                columns: list[str]) -> tuple[list[Row], dict[str, int]]:
+                columns: list[str], on: On = ONS[0]) -> tuple[list[Row], dict[str, int]]:
     matched = [c for c in clauses if c.kind == "matched"]
     not_matched = [c for c in clauses if c.kind == "notMatched"]
     nmbs = [c for c in clauses if c.kind == "notMatchedBySource"]
     insert_only = not matched and not nmbs
-    matches = {i: [s for s in source if t["k"] is not None and s["k"] == t["k"]] for i, t in enumerate(target)}
+    matches = {i: [s for s in source if on.fn(t, s)] for i, t in enumerate(target)}
     only_unconditional_delete = len(matched) == 1 and matched[0].action == "delete" and matched[0].cond is None
     if not insert_only and any(len(m) > 1 for m in matches.values()) and not only_unconditional_delete:
         raise ModelMultipleMatch
@@ -143,7 +163,7 @@ def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause]
                 counts["num_updated_rows"] += 1
                 out.append(apply(chosen, t, s))
     for s in source:
-        if any(s["k"] is not None and s["k"] == t["k"] for t in target):
+        if any(on.fn(t, s) for t in target):
             continue
         chosen = next((c for c in not_matched if c.cond is None or c.cond.holds(None, s)), None)
         if chosen is not None:
@@ -214,10 +234,11 @@ def merges(draw: st.DrawFn) -> dict[str, Any]:
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
-    # Both plans of the joins: the source broadcast past the streamed target, or both sides shuffled.
-    broadcast = draw(st.booleans())
+    # Both plans of each join: the source broadcast past the streamed target, or both sides shuffled; and
+    # findTouchedFiles by source keys or by target rows.
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
-            "partitioned": partitioned, "broadcast": broadcast}
+            "partitioned": partitioned, "on": draw(st.sampled_from(ONS)), "broadcast": draw(st.booleans()),
+            "by_source_keys": draw(st.booleans())}
 
 
 def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.Table:
@@ -255,15 +276,17 @@ def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]
     ours = write_table(root / "ours", to_arrow(target_rows, columns, types), partition_by=partition_by)
     source_arrow = to_arrow(source_rows, columns, types)
     source = write_table(root / "source", source_arrow)
-    spec = make_spec(ours, source, "t.k = s.k", [c.engine_clause() for c in clauses])
+    on: On = case["on"]
+    spec = make_spec(ours, source, on.sql, [c.engine_clause() for c in clauses])
+    plans = (join_plan(broadcast=case["broadcast"]), find_plan(by_source_keys=case["by_source_keys"]))
     try:
-        expected_rows, expected_counts = model_merge(target_rows, source_rows, clauses, columns)
+        expected_rows, expected_counts = model_merge(target_rows, source_rows, clauses, columns, on)
     except ModelMultipleMatch:
-        with pytest.raises(MultipleMatchError), join_plan(broadcast=case["broadcast"]):
+        with pytest.raises(MultipleMatchError), plans[0], plans[1]:
             run_merge(spark, spec)
         assert DeltaTable(str(ours)).version() == 0
         return
-    with join_plan(broadcast=case["broadcast"]):
+    with plans[0], plans[1]:
         result = run_merge(spark, spec)
     got_counts = {k: result.result[k] for k in expected_counts}
     assert got_counts == expected_counts
@@ -271,13 +294,10 @@ def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]
     if sum(expected_counts.values()) == 0:
         assert result.table_version is None
     # deltalake's merge of the same data agrees wherever no target row has several matches.
-    has_multiple = any(
-        sum(1 for s in source_rows if s["k"] is not None and s["k"] == t["k"]) > 1 for t in target_rows
-    )
-    if not has_multiple:
+    if not has_multiple_matches(target_rows, source_rows, on):
         theirs = root / "theirs"
         write_table(theirs, to_arrow(target_rows, columns, types), partition_by=partition_by)
-        oracle_counts = oracle_merge(theirs, source_arrow, "t.k = s.k", [c.engine_clause() for c in clauses])
+        oracle_counts = oracle_merge(theirs, source_arrow, on.sql, [c.engine_clause() for c in clauses])
         assert oracle_counts == expected_counts
         assert rows(theirs, columns) == rows(ours, columns)
     shutil.rmtree(root, ignore_errors=True)

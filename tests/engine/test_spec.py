@@ -15,6 +15,7 @@ from engine import (
     validate_spec,
 )
 from engine.errors import MergeSpecError
+from engine.expressions import KeyEquality, Sides, keyed_on, sql
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
@@ -147,3 +148,25 @@ def test_every_parse_failure_is_a_spec_error(text: str) -> None:
         validate_spec(spec(matched=(matched(DeleteAction(), text),)))
     with pytest.raises(MergeSpecError):
         parse_merge_sql(text)
+
+
+SIDES = Sides("t", "s", frozenset({"id", "day", "v"}), frozenset({"id", "day", "n"}))
+
+
+def test_keyed_on_splits_keys_and_one_sided_conjuncts() -> None:
+    keyed = keyed_on("s.id = t.id AND t.day <=> s.day AND s.n > 1 AND t.v IS NOT NULL", SIDES)
+    assert keyed is not None
+    assert keyed.keys == (KeyEquality("id", "id", null_safe=False), KeyEquality("day", "day", null_safe=True))
+    assert [sql(p) for p in keyed.source_only] == ["`s`.`n` > 1"]
+    assert [sql(p) for p in keyed.target_only] == ["NOT `t`.`v` IS NULL"]
+
+
+@pytest.mark.parametrize("on", [
+    "t.id = s.id + 1",  # a source expression: distinct keys may meet one target value
+    "t.id = s.id OR t.day = s.day",
+    "t.id = s.id AND t.v < s.n",  # a conjunct over both sides that is no equality
+    "t.v < 3",  # no key at all
+    "t.id = s.id AND x > 1",  # a reference that names neither side
+])
+def test_keyed_on_refuses_what_does_not_pin_one_source_key(on: str) -> None:
+    assert keyed_on(on, SIDES) is None
