@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
 
 MARKER = ".merge-bench"
 MEMORY_TARGET_MB = 500.0
-WARMUP_ROWS = 200_000
+WARMUP_ROWS = 500_000
 US_PER_DAY = 86_400_000_000
 TARGET_EPOCH_US = 1_577_836_800_000_000  # 2020-01-01T00:00:00Z
 SOURCE_EPOCH_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -594,6 +594,32 @@ def run_workload(
 # --- report --------------------------------------------------------------------------------------------------------
 
 
+def warm_up(ctx: Context, workloads: Sequence[Workload], rng: np.random.Generator,
+            log: Callable[[str], None]) -> None:
+    """One untimed merge of each workload's shape on a smaller table, on both sides. A long-running service's
+    Spark server has compiled its hot code paths; a fresh JVM interprets them for its first merges of each shape,
+    which would measure the JIT compiler rather than the merge."""
+    args = ctx.args
+    warm_rows = min(args.rows, WARMUP_ROWS)
+    warm_files = min(args.files, 4)
+    bases: dict[bool, Path] = {}
+    files: dict[bool, int] = {}
+    for cdf in sorted({w.cdf for w in workloads}):
+        bases[cdf] = ctx.workdir / f"warmup-base{'-cdf' if cdf else ''}"
+        files[cdf] = build_target(bases[cdf], warm_rows, warm_files, rng, cdf=cdf)
+    wctx = Context(argparse.Namespace(**{**vars(args), "repeat": 1, "rows": warm_rows}), ctx.workdir, ctx.remote,
+                   ctx.jvm_pid, bases, files)
+    for w in workloads:
+        source = ctx.workdir / "sources" / f"warmup-{w.key}"
+        expected = build_source(source, w, warm_rows, rng)
+        o = run_workload(wctx, w, source, expected, lambda m: None)
+        if o.crashed or o.problems:
+            log(f"warm-up merge ({w.key}) failed: " + "; ".join(o.crashed + o.problems))
+        else:
+            log(f"warm-up merge ({w.key}, {warm_rows:,} rows, untimed): engine {secs(o.engine_s)} s, "
+                f"delta-rs {secs(o.deltars_s)} s")
+
+
 def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -837,7 +863,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="true",
         help="delta-rs merge's streamed_exec (its default, true)",
     )
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up merge on the Spark server")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up merges (one per workload shape, on a smaller table)")
     p.add_argument("--child", nargs=2, metavar=("SIDE", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rows < 100 or args.files < 1 or args.repeat < 1:
@@ -935,25 +961,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"Spark Connect server up at {remote}")
             ctx = Context(args, workdir, remote, jvm_pid, bases, total_files)
             if not args.no_warmup:
-                warm = Workload("warmup", "warm-up", "upsert", None)
-                warm_rows = min(args.rows, WARMUP_ROWS)
-                wbase = workdir / "warmup-base"
-                build_target(wbase, warm_rows, 4, rng)
-                wsource = workdir / "sources" / "warmup"
-                wexpected = build_source(wsource, Workload("2", "", "upsert", None), warm_rows, rng)
-                wctx = Context(
-                    argparse.Namespace(**{**vars(args), "repeat": 1, "rows": warm_rows}),
-                    workdir,
-                    remote,
-                    jvm_pid,
-                    {False: wbase},
-                    {False: 4},
-                )
-                o = run_workload(wctx, warm, wsource, wexpected, lambda m: None)
-                if o.crashed or o.problems:
-                    log("warm-up merge failed: " + "; ".join(o.crashed + o.problems))
-                else:
-                    log(f"warm-up merge (untimed): engine {secs(o.engine_s)} s, delta-rs {secs(o.deltars_s)} s")
+                warm_up(ctx, workloads, rng, log)
             for w in workloads:
                 path, expected = sources[w.key]
                 log(f"workload ({w.key}) {w.title}: {expected.source_rows:,} source rows")
