@@ -51,6 +51,8 @@ BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
 BROADCAST_SIZE_RATIO = 4
 """... and only when the target rows they meet are at least this many times as many."""
 SECOND_SCAN_COL = "_source_row_in_second_scan_"
+ONE_TASK_GROUPING_ROWS = 1_000_000
+"""Sources known to have at most this many rows are grouped by key in one task."""
 SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
 MATCHED_KEYS_ALIAS = "_matched_keys_"
 
@@ -98,8 +100,8 @@ def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
 
 
 def _touches_every_match(spec: MergeSpec) -> bool:
-    """Whether any match touches its file: some clause acts on matches without condition, or NOT MATCHED
-    clauses make the write read every matched row."""
+    """Whether every match touches its file: the write reads every matched row when the merge has more than
+    MATCHED clauses, and a MATCHED clause without condition acts on every match."""
     return not spec.is_matched_only or any(c.condition is None for c in spec.matched)
 
 
@@ -292,6 +294,10 @@ class ClassicMergeExecutor:
             if not key.null_safe:
                 keyable = keyable.where(F.col(quote_identifier(key.source_column)).isNotNull())
         key_columns = list({k.source_column.lower(): k.source_column for k in keyed.keys}.values())
+        estimate = ctx.source_rows_estimate
+        if estimate is not None and estimate <= ONE_TASK_GROUPING_ROWS:
+            # One input partition needs no shuffle before the aggregation: a stage and a Spark job fewer.
+            keyable = keyable.coalesce(1)
         groups = keyable.groupBy(*[F.col(quote_identifier(c)) for c in key_columns]).agg(
             F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL)
         )
@@ -311,6 +317,7 @@ class ClassicMergeExecutor:
         return _observe_touched(matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL))
 
     def _may_broadcast_source(self) -> bool:
+        """Whether writeAllChanges may take the broadcast plan, as far as is known before the source is read."""
         ctx = self.ctx
         estimate = ctx.source_rows_estimate
         return estimate is None or source_fits_broadcast(ctx, estimate, ctx.candidate_files)
