@@ -863,7 +863,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="true",
         help="delta-rs merge's streamed_exec (its default, true)",
     )
-    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up merges (one per workload shape, on a smaller table)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the untimed warm-up merges (one per workload shape, on a smaller table)")
     p.add_argument("--child", nargs=2, metavar=("SIDE", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rows < 100 or args.files < 1 or args.repeat < 1:
