@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, ByteType, DataType, IntegerType, LongType, MapType, ShortType, StructType
 
@@ -43,6 +43,7 @@ from engine.output import (
     target_write_cols,
 )
 from engine.resolution import ResolvedMerge
+from engine.spark import Observation
 from engine.spec import DeleteAction, MergeSpec
 
 MULTIPLE_MATCH_EXAMPLES = 5

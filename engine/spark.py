@@ -19,7 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
+from pyspark.sql.connect import plan as connect_plan
+from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+from pyspark.sql.connect.observation import Observation as ConnectObservation
 
 from engine.errors import SparkUnavailableError
 
@@ -196,3 +199,15 @@ def connect(remote: str = "local") -> SparkSession:
 def configure_session(spark: SparkSession) -> None:
     for key, value in SESSION_CONF.items():
         spark.conf.set(key, value)
+
+
+class Observation(ConnectObservation):
+    """``DataFrame.observe``'s metrics holder, for batch DataFrames only. pyspark's asks the server whether the
+    DataFrame is a stream before each use, one analysis of the whole plan per round trip (some 50 ms for a
+    merge's plans); a merge's DataFrames never are, and the rest is pyspark's own code."""
+
+    def _on(self, df: ConnectDataFrame, *exprs: Column) -> ConnectDataFrame:  # type: ignore[override]
+        if self._result is not None:
+            return super()._on(df, *exprs)  # pyspark's error for an observation used twice
+        self._result = {}
+        return ConnectDataFrame(connect_plan.CollectMetrics(df._plan, self, list(exprs)), df._session)
