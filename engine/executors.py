@@ -1,8 +1,10 @@
 """Delta's two merge executors over Spark Connect.
 
 ClassicMergeExecutor: ``find_touched_files`` joins the data-skipped target with the source once, collecting
-the touched files and the per-target-row match counts (the multiple-match check) in one Spark job;
-``write_all_changes`` rewrites only those files, joined with the source, through MergeOutputGeneration.
+the touched files and the per-target-row match counts (the multiple-match check) in one Spark job: by target
+row as Delta does, or, when ON pins each target row to one source key, with the source grouped by key and
+broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
+source, through MergeOutputGeneration.
 InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
 """
 
