@@ -20,15 +20,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
-    ByteType,
     DataType,
     DateType,
     DecimalType,
     DoubleType,
     FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
     StringType,
     StructType,
 )
@@ -45,7 +41,7 @@ from engine.errors import (
     MergeServiceEngineError,
     SparkUnavailableError,
 )
-from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
+from engine.executors import INTEGRAL_TYPES, ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
 from engine.expressions import (
     Sides,
     and_all,
@@ -147,8 +143,7 @@ class _KeyRange:
     values: list[Any] | None = None
 
 
-_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
-_STATS_RANGE_TYPES = (*_INTEGRAL, DateType, StringType, DecimalType)
+_STATS_RANGE_TYPES = (*INTEGRAL_TYPES, DateType, StringType, DecimalType)
 """Types whose Delta statistics bound the values exactly enough: timestamps are truncated to milliseconds and
 floats may hold NaN, so those ranges come from Spark."""
 
@@ -156,7 +151,7 @@ floats may hold NaN, so those ranges come from Spark."""
 def _comparable(source: DataType | None, target: DataType | None) -> bool:
     if source is None or target is None:
         return False
-    if isinstance(source, _INTEGRAL) and isinstance(target, _INTEGRAL):
+    if isinstance(source, INTEGRAL_TYPES) and isinstance(target, INTEGRAL_TYPES):
         return True
     return type(source) is type(target) and not isinstance(source, (FloatType, DoubleType, BinaryType, BooleanType))
 

@@ -108,14 +108,14 @@ def _touches_every_match(spec: MergeSpec) -> bool:
     return not spec.is_matched_only or any(c.condition is None for c in spec.matched)
 
 
-_INTEGRAL_TYPES = (ByteType, ShortType, IntegerType, LongType)
+INTEGRAL_TYPES = (ByteType, ShortType, IntegerType, LongType)
 
 
 def _same_key_values(source: DataType | None, target: DataType | None) -> bool:
     """Whether distinct source key values stay distinct when compared with the target column."""
     if source is None or target is None:
         return False
-    if isinstance(source, _INTEGRAL_TYPES) and isinstance(target, _INTEGRAL_TYPES):
+    if isinstance(source, INTEGRAL_TYPES) and isinstance(target, INTEGRAL_TYPES):
         return True
     return source == target and not isinstance(source, (StructType, ArrayType, MapType))
 
