@@ -171,6 +171,7 @@ class MergeIntoCommand:
         self._outcome_unknown = False
         self._source_snap: Any = None
         self._ctx: MergeContext | None = None
+        self._source_key_ranges: dict[str, tuple[Any, Any]] = {}
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -194,7 +195,8 @@ class MergeIntoCommand:
         finally:
             # Files of a commit whose outcome is unknown may be live in the table: those are never removed.
             if snapshot is not None and wrote and not self._committed and not self._outcome_unknown:
-                delta.discard_write(snapshot, self.write_id)
+                for write_id in [self.write_id, *(self._ctx.extra_write_ids if self._ctx is not None else [])]:
+                    delta.discard_write(snapshot, write_id)
             if self._ctx is not None:
                 with contextlib.suppress(PySparkException):
                     self._ctx.release()
@@ -241,7 +243,8 @@ class MergeIntoCommand:
         key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
         ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
                            cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs,
-                           source_rows_estimate=self._source_rows_estimate())
+                           source_rows_estimate=self._source_rows_estimate(),
+                           source_key_ranges=dict(self._source_key_ranges))
         self._ctx = ctx
         removed: list[Any] = []
         cdc_files: list[Any] = []
@@ -251,9 +254,19 @@ class MergeIntoCommand:
         else:
             self.on_progress("finding_touched_files")
             executor = ClassicMergeExecutor(ctx)
-            touched = executor.find_touched_files()
-            self.on_progress("writing")
-            if touched:
+            keyed = executor.single_pass_keys()
+            written = None
+            if keyed is not None:
+                # findTouchedFiles folded into the write: the files it touches are known once it is written.
+                self.on_progress("writing")
+                written = executor.write_in_one_pass(keyed)
+            touched = ctx.touched_files if ctx.touched_files_known else executor.find_touched_files()
+            if keyed is None:
+                self.on_progress("writing")
+            if written is not None:
+                added, cdc_files = written
+                removed = touched
+            elif touched:
                 added, cdc_files = executor.write_all_changes()
                 removed = touched
             elif spec.not_matched:
@@ -348,6 +361,7 @@ class MergeIntoCommand:
                                       if isinstance(side, exp.Column)}
         predicates: list[exp.Expression] = []
         for (column, _), rng in zip(keys, ranges, strict=True):
+            self._source_key_ranges[column.lower()] = (rng.low, rng.high)
             col = exp.column(column, quoted=True)
             has_nulls = rng.nulls > 0 and column.lower() in null_safe_columns
             lo, hi = _literal(rng.low), _literal(rng.high)

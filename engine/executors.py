@@ -4,7 +4,9 @@ ClassicMergeExecutor: ``find_touched_files`` joins the data-skipped target with 
 the touched files and the per-target-row match counts (the multiple-match check) in one Spark job: by target
 row as Delta does, or, when ON pins each target row to one source key, with the source grouped by key and
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
-source, through MergeOutputGeneration.
+source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched,
+``write_in_one_pass`` skips the first pass: it rewrites every candidate and observes the touched files and
+match counts as it writes, keeping the result only if the guess held.
 InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
 """
 
@@ -17,7 +19,17 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, ByteType, DataType, IntegerType, LongType, MapType, ShortType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructField,
+    StructType,
+)
 
 from engine import delta
 from engine.errors import MergeExecutionError, MultipleMatchError
@@ -58,6 +70,18 @@ ONE_TASK_GROUPING_ROWS = 1_000_000
 """Sources known to have at most this many rows are grouped by key in one task."""
 SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
 MATCHED_KEYS_ALIAS = "_matched_keys_"
+SINGLE_PASS_MIN_MATCHES_PER_FILE = 16
+"""The single pass is taken when every candidate file is expected to hold at least this many matched rows
+(source keys in its key range times the share of that range its rows fill): with random keys the chance that
+such a file has none is below e**-16."""
+SINGLE_PASS_MAX_MATCHED_KEYS = 20_000
+"""With NOT MATCHED clauses the matched keys come back to this process to pick the rows to insert: the single
+pass is taken only for sources of at most this many rows."""
+SOURCE_ROW_COL = "_source_row_"
+TOUCHED_FILE_COL = "_touched_file_"
+MULTIPLE_MATCH_COL = "_multiple_match_"
+MATCHED_KEY_COL = "_matched_key_"
+MATCHED_NULL_KEY_COL = "_matched_null_key_"
 
 
 @dataclass
@@ -72,6 +96,7 @@ class MergeContext:
     candidate_files: Sequence[Any]
     """Live files left after data skipping."""
     write_id: str
+    """The folder of the merge's data files, under the table root; further writes take ``new_write_id``."""
     metrics: dict[str, int]
     cdc_enabled: bool = False
     deduplicate_cdf_deletes: bool = False
@@ -83,6 +108,12 @@ class MergeContext:
     """Source rows known before any Spark job (inline rows, a Delta source's statistics); None if unknown."""
     matched_source_keys: tuple[DataFrame, KeyedOn] | None = None
     """The source keys some target row matched (cached by findTouchedFiles), as ``_key_<i>_`` columns."""
+    source_key_ranges: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """The source's (min, max) for ON's key equalities, by target column (lower case), where data skipping
+    computed them."""
+    touched_files_known: bool = False
+    """The single pass found the touched files (and no multiple match) but had to give up its write."""
+    extra_write_ids: list[str] = field(default_factory=list)
 
     @property
     def output_names(self) -> list[str]:
@@ -90,6 +121,12 @@ class MergeContext:
 
     def target_df(self, files: Sequence[Any], *, file_columns: bool = True) -> DataFrame:
         return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
+
+    def new_write_id(self) -> str:
+        """A further folder for data files written alongside ``write_id``'s; discarded with it."""
+        write_id = f"{self.write_id}-{len(self.extra_write_ids) + 1}"
+        self.extra_write_ids.append(write_id)
+        return write_id
 
     def release(self) -> None:
         """Free what the merge cached on the Spark server."""
@@ -290,20 +327,7 @@ class ClassicMergeExecutor:
         ctx = self.ctx
         spec = ctx.spec
         s, t = spec.source_alias, spec.target_alias
-        keyable = source.alias(s)
-        for predicate in keyed.source_only:
-            keyable = keyable.where(F.expr(sql(predicate)))
-        for key in keyed.keys:
-            if not key.null_safe:
-                keyable = keyable.where(F.col(quote_identifier(key.source_column)).isNotNull())
-        key_columns = list({k.source_column.lower(): k.source_column for k in keyed.keys}.values())
-        estimate = ctx.source_rows_estimate
-        if estimate is not None and estimate <= ONE_TASK_GROUPING_ROWS:
-            # One input partition needs no shuffle before the aggregation: a stage and a Spark job fewer.
-            keyable = keyable.coalesce(1)
-        groups = keyable.groupBy(*[F.col(quote_identifier(c)) for c in key_columns]).agg(
-            F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL)
-        )
+        groups = self._grouped_by_key(source, keyed).agg(F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL))
         condition = _key_condition(keyed, [_qualified(t, k.target_column) for k in keyed.keys],
                                    [_qualified(s, k.source_column) for k in keyed.keys])
         for predicate in keyed.target_only:
@@ -318,6 +342,23 @@ class ClassicMergeExecutor:
             matched = matched.persist()
             ctx.matched_source_keys = (matched, keyed)
         return _observe_touched(matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL))
+
+    def _grouped_by_key(self, source: DataFrame, keyed: KeyedOn) -> Any:
+        """The source rows some target row may match (those failing a source-only conjunct of ON or holding a
+        NULL ``=`` key left out), grouped by their join keys."""
+        ctx = self.ctx
+        keyable = source.alias(ctx.spec.source_alias)
+        for predicate in keyed.source_only:
+            keyable = keyable.where(F.expr(sql(predicate)))
+        for key in keyed.keys:
+            if not key.null_safe:
+                keyable = keyable.where(F.col(quote_identifier(key.source_column)).isNotNull())
+        key_columns = list({k.source_column.lower(): k.source_column for k in keyed.keys}.values())
+        estimate = ctx.source_rows_estimate
+        if estimate is not None and estimate <= ONE_TASK_GROUPING_ROWS:
+            # One input partition needs no shuffle before the aggregation: a stage and a Spark job fewer.
+            keyable = keyable.coalesce(1)
+        return keyable.groupBy(*[F.col(quote_identifier(c)) for c in key_columns])
 
     def _may_broadcast_source(self) -> bool:
         """Whether writeAllChanges may take the broadcast plan, as far as is known before the source is read."""
@@ -379,16 +420,124 @@ class ClassicMergeExecutor:
         # Union is by position and keeps the first side's columns, qualifiers included.
         return with_source.union(padded)
 
+    def single_pass_keys(self) -> KeyedOn | None:
+        """ON's key when findTouchedFiles can be folded into writeAllChanges: one integer key equality (plus
+        source-only conjuncts), every match touching its file, a source small enough to broadcast whole and
+        key statistics that expect every candidate file to be touched. No CDF, no NOT MATCHED BY SOURCE."""
+        ctx = self.ctx
+        spec = ctx.spec
+        rows = ctx.source_rows_estimate
+        if (ctx.cdc_enabled or spec.not_matched_by_source or not ctx.candidate_files or rows is None
+                or not _touches_every_match(spec) or not source_fits_broadcast(ctx, rows, ctx.candidate_files)
+                or (spec.not_matched and rows > SINGLE_PASS_MAX_MATCHED_KEYS)):
+            return None
+        keyed = self._keyed_on()
+        if keyed is None or len(keyed.keys) != 1 or keyed.target_only:
+            return None
+        target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
+                            if f.name.lower() == keyed.keys[0].target_column.lower()), None)
+        if not isinstance(target_type, INTEGRAL_TYPES) or not self._expects_every_candidate_touched(keyed):
+            return None
+        return keyed
+
+    def _expects_every_candidate_touched(self, keyed: KeyedOn) -> bool:
+        """Whether each candidate file should hold SINGLE_PASS_MIN_MATCHES_PER_FILE matched rows, taking the
+        source's keys as spread evenly over their range and a file's keys over its statistics' range."""
+        ctx = self.ctx
+        column = keyed.keys[0].target_column
+        source_range = ctx.source_key_ranges.get(column.lower())
+        rows = ctx.source_rows_estimate
+        if source_range is None or rows is None or None in source_range:
+            return False
+        low, high = (int(v) for v in source_range)
+        for f in ctx.candidate_files:
+            st = f.stats
+            if st is None or not st.num_records:
+                return False
+            file_low, file_high = st.value("min_values", [column]), st.value("max_values", [column])
+            if not isinstance(file_low, int) or not isinstance(file_high, int):
+                return False
+            overlap = min(high, file_high) - max(low, file_low) + 1
+            if overlap <= 0:
+                return False
+            keys_in_range = rows * overlap / (high - low + 1)
+            filled = min(1.0, st.num_records / (file_high - file_low + 1))
+            if keys_in_range * filled < SINGLE_PASS_MIN_MATCHES_PER_FILE:
+                return False
+        return True
+
+    def write_in_one_pass(self, keyed: KeyedOn) -> tuple[list[Any], list[Any]] | None:
+        """findTouchedFiles folded into writeAllChanges: every candidate file is rewritten, joined with the
+        source grouped by key and broadcast, while the touched files, the multiple matches and (for the
+        inserts) the matched keys are observed. The write is kept only when every candidate was touched and
+        no target row matched twice; else it is discarded and None answered, with ``touched_files`` set
+        when they are known (no multiple match), for writeAllChanges to rewrite only those."""
+        ctx = self.ctx
+        spec = ctx.spec
+        start = time.monotonic()
+        s, t = spec.source_alias, spec.target_alias
+        obs_source = Observation("numSourceRows")
+        source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        names = [*ctx.source.columns, SOURCE_ROW_PRESENT_COL]
+        groups = self._grouped_by_key(source, keyed).agg(
+            F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL),
+            F.first(F.struct(*[F.col(quote_identifier(n)) for n in names])).alias(SOURCE_ROW_COL),
+        ).select(*[F.col(SOURCE_ROW_COL).getField(n).alias(n) for n in names], SOURCE_KEY_ROWS_COL)
+        target = ctx.target_df(ctx.candidate_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        joined = target.alias(t).join(F.broadcast(groups.alias(s)), ctx.resolved.on, "left_outer")
+        matched = F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
+        key = F.col(_qualified(s, keyed.keys[0].source_column))
+        probes = [F.when(matched, F.col(_qualified(t, delta.FILE_NAME_COL))).alias(TOUCHED_FILE_COL),
+                  (matched & (F.col(SOURCE_KEY_ROWS_COL) > 1)).alias(MULTIPLE_MATCH_COL)]
+        probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL),
+                         F.count_if(F.col(MULTIPLE_MATCH_COL)).alias(MULTIPLE_MATCH_COL)]
+        if spec.not_matched:
+            # collect_set skips NULL: a NULL key matched under ``<=>`` is counted apart.
+            probes += [F.when(matched, key.cast(LongType())).alias(MATCHED_KEY_COL),
+                       (matched & key.isNull()).alias(MATCHED_NULL_KEY_COL)]
+            probe_metrics += [F.collect_set(MATCHED_KEY_COL).alias(MATCHED_KEY_COL),
+                              F.count_if(F.col(MATCHED_NULL_KEY_COL)).alias(MATCHED_NULL_KEY_COL)]
+        added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
+                                                    probe_metrics=probe_metrics)
+        found = obs.get
+        counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL, MATCHED_KEY_COL))
+        ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        if counts[MULTIPLE_MATCH_COL]:
+            delta.discard_write(ctx.snapshot, ctx.write_id)
+            return None
+        touched = set(found.get(TOUCHED_FILE_COL) or [])
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched]
+        ctx.touched_files_known = True
+        keys = None
+        if spec.not_matched:
+            matched_keys = list(found.get(MATCHED_KEY_COL) or [])
+            if counts[MATCHED_NULL_KEY_COL]:
+                matched_keys.append(None)
+            keys = ctx.spark.createDataFrame([(k,) for k in matched_keys],
+                                             StructType([StructField("_key_0_", LongType())]))
+        if len(ctx.touched_files) < len(ctx.candidate_files):
+            delta.discard_write(ctx.snapshot, ctx.write_id)
+            if keys is not None:
+                ctx.matched_source_keys = (keys, keyed)
+            return None
+        self._record_write_metrics(counts, cdc_files)
+        if keys is not None:
+            inserts = source_rows_matching_no_key(ctx.source, keys, keyed, s)
+            inserted, read = InsertOnlyMergeExecutor(ctx).write_inserts(inserts, write_id=ctx.new_write_id())
+            added += inserted
+            ctx.metrics["numSourceRowsInSecondScan"] += read
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added, cdc_files
+
     def write_all_changes(self) -> tuple[list[Any], list[Any]]:
         """Rewrite the touched files joined with the source; answers the added data and change files."""
         ctx = self.ctx
         spec = ctx.spec
         start = time.monotonic()
-        cdc = ctx.cdc_enabled
         target = ctx.target_df(ctx.touched_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         dedup_columns: list[str] = []
-        if cdc and ctx.deduplicate_cdf_deletes:
+        if ctx.cdc_enabled and ctx.deduplicate_cdf_deletes:
             # DeduplicateCDFDeletes: row indexes to keep one delete per target row (even / odd: never equal).
             target = target.withColumn(TARGET_ROW_INDEX_COL, F.monotonically_increasing_id() * 2)
             dedup_columns.append(TARGET_ROW_INDEX_COL)
@@ -396,6 +545,19 @@ class ClassicMergeExecutor:
                 source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
                 dedup_columns.append(SOURCE_ROW_INDEX_COL)
         joined = self._join_for_write(source, target)
+        added, cdc_files, observed = self._write_changes(joined, dedup_columns, write_id=ctx.write_id)
+        self._record_write_metrics(observed_counts(observed), cdc_files)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added, cdc_files
+
+    def _write_changes(self, joined: DataFrame, dedup_columns: Sequence[str], *, write_id: str,
+                       probes: Sequence[Column] = (), probe_metrics: Sequence[Column] = ()
+                       ) -> tuple[list[Any], list[Any], Observation]:
+        """MergeOutputGeneration over the joined rows, written; ``probes`` are columns computed on the joined
+        rows only for ``probe_metrics`` to observe."""
+        ctx = self.ctx
+        spec = ctx.spec
+        cdc = ctx.cdc_enabled
         clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
         joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
@@ -410,6 +572,7 @@ class ClassicMergeExecutor:
             *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)],
             F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL),
             *dedup_columns,
+            *probes,
         )
         projected = repartition_for_write(ctx, projected)
         obs = Observation("writeAllChanges")
@@ -425,6 +588,7 @@ class ClassicMergeExecutor:
         observed = projected.observe(
             obs, *action_counts(codes),
             F.count_if(F.col(SECOND_SCAN_COL)).alias("numSourceRowsInSecondScan"),
+            *probe_metrics,
         )
         cdc_files: list[Any] = []
         if cdc:
@@ -434,13 +598,16 @@ class ClassicMergeExecutor:
                 [F.col(n) for n in preimage_names], dedup_columns,
             ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
             # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
-            added, cdc_files = delta.write_data_and_cdc_files(ctx.spark, rows, ctx.snapshot, write_id=ctx.write_id,
+            added, cdc_files = delta.write_data_and_cdc_files(ctx.spark, rows, ctx.snapshot, write_id=write_id,
                                                               schema=output_schema(ctx))
         else:
-            output = observed.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL, SECOND_SCAN_COL)
-            added = write_output(ctx, output)
-        counts = observed_counts(obs)
-        m = ctx.metrics
+            output = observed.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
+            added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id,
+                                           schema=output_schema(ctx))
+        return added, cdc_files, obs
+
+    def _record_write_metrics(self, counts: dict[str, int], cdc_files: list[Any]) -> None:
+        m = self.ctx.metrics
         m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
         m["numTargetRowsNotMatchedBySourceUpdated"] = counts.get(NOT_MATCHED_BY_SOURCE_UPDATE, 0)
         overcount = m.pop("_multipleMatchDeleteOnlyOvercount", 0)
@@ -451,8 +618,6 @@ class ClassicMergeExecutor:
         m["numSourceRowsInSecondScan"] = counts.get("numSourceRowsInSecondScan", 0)
         m["numTargetChangeFilesAdded"] = len(cdc_files)
         m["numTargetChangeFileBytes"] = sum(f.size for f in cdc_files)
-        m["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added, cdc_files
 
 
 class InsertOnlyMergeExecutor:
@@ -476,6 +641,15 @@ class InsertOnlyMergeExecutor:
                 new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
         else:
             new_rows = source
+        added, _ = self.write_inserts(new_rows, write_id=ctx.write_id)
+        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added
+
+    def write_inserts(self, new_rows: DataFrame, *, write_id: str) -> tuple[list[Any], int]:
+        """The NOT MATCHED clauses over source rows that match no target row, written as new files; answers
+        them and the number of source rows read."""
+        ctx = self.ctx
         new_rows, lookups = generate_precomputed_conditions_and_df(new_rows, ctx.resolved.not_matched)
         output_cols = generate_inserts_only_output_cols(
             ctx.output_names, ctx.resolved.output_fields, ctx.resolved.not_matched, lookups
@@ -484,21 +658,19 @@ class InsertOnlyMergeExecutor:
         projected = repartition_for_write(ctx, new_rows.select(*output_cols))
         projected = projected.observe(obs, *action_counts([INSERT, DROP_SOURCE]))
         output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-        added = write_output(ctx, output)
+        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id, schema=output_schema(ctx))
         counts = observed_counts(obs)
-        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
         ctx.metrics["numTargetRowsInserted"] = counts.get(INSERT, 0)
-        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added
+        return added, counts.get(INSERT, 0) + counts.get(DROP_SOURCE, 0)
 
 
-def observed_counts(obs: Observation) -> dict[str, int]:
-    """The counts an observation collected. The merge decides whether to commit from them, so a missing
-    observation is an error, never zero rows changed."""
+def observed_counts(obs: Observation, *, ignore: Sequence[str] = ()) -> dict[str, int]:
+    """The counts an observation collected (less the ``ignore``d metrics). The merge decides whether to commit
+    from them, so a missing observation is an error, never zero rows changed."""
     values = obs.get
     if not values:
         raise MergeExecutionError("Spark did not report the merge's row counts; nothing was committed.")
-    return {k: int(v or 0) for k, v in values.items()}
+    return {k: int(v or 0) for k, v in values.items() if k not in ignore}
 
 
 def repartition_for_write(ctx: MergeContext, df: DataFrame) -> DataFrame:
@@ -509,10 +681,6 @@ def repartition_for_write(ctx: MergeContext, df: DataFrame) -> DataFrame:
     if not partition_columns:
         return df
     return df.repartition(*[F.col(quote_identifier(c)) for c in partition_columns])
-
-
-def write_output(ctx: MergeContext, output: DataFrame) -> list[Any]:
-    return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx))
 
 
 def output_schema(ctx: MergeContext) -> StructType | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from unittest.mock import patch
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -114,12 +116,38 @@ def differential(spark: SparkSession, tmp: Path, target_data: pa.Table, source_d
     return result, expected, ours, theirs
 
 
-def find_plan(*, by_source_keys: bool) -> AbstractContextManager[Any]:
-    """Force one of findTouchedFiles' two plans where ON allows the first: the source grouped by its join keys
-    and broadcast past the target, or the matches counted per target row after a shuffle (Delta's own)."""
-    if by_source_keys:
-        return nullcontext()
-    return patch.object(executors.ClassicMergeExecutor, "_keyed_on", lambda self: None)
+def stray_files(table: Path) -> set[str]:
+    """Data files under the table folder that no commit of its log adds: what a merge must never leave."""
+    added: set[str] = set()
+    for commit in (table / "_delta_log").glob("*.json"):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            for kind in ("add", "cdc"):
+                if kind in action:
+                    added.add(unquote(action[kind]["path"]))
+    return {str(p.relative_to(table)) for p in table.rglob("*.parquet")
+            if "_delta_log" not in p.parts} - added
+
+
+FindPlan = Literal["source_keys", "target_rows", "single_pass"]
+
+
+def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
+    """Force one of findTouchedFiles' plans where ON allows it: the source grouped by its join keys and
+    broadcast past the target; the matches counted per target row after a shuffle (Delta's own); or folded
+    into writeAllChanges (the single pass) whatever the key statistics expect, so that a wrong guess (a
+    candidate file left untouched) and its fallback are exercised too. The single pass needs the broadcast
+    join plan: it is allowed whatever the sizes, unless ``join_plan(broadcast=False)`` forbids it."""
+    stack = ExitStack()
+    if plan == "single_pass":
+        stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched",
+                                         lambda self, keyed: True))
+        stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
+        return stack
+    stack.enter_context(patch.object(executors.ClassicMergeExecutor, "single_pass_keys", lambda self: None))
+    if plan == "target_rows":
+        stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_keyed_on", lambda self: None))
+    return stack
 
 
 def join_plan(*, broadcast: bool) -> AbstractContextManager[Any]:

@@ -14,6 +14,7 @@ from engine import run_merge
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
 from tests.engine.harness import (
     COUNTS,
+    FindPlan,
     clause,
     differential,
     find_plan,
@@ -118,15 +119,15 @@ def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None
     [clause("matched", "update", "s.n > 1", v="s.v")],
     [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")],
 ], ids=["conditional_update", "upsert"])
-@pytest.mark.parametrize("by_source_keys", [True, False], ids=["find_by_source_keys", "find_by_target_rows"])
+@pytest.mark.parametrize("plan", ["source_keys", "target_rows", "single_pass"])
 def test_multiple_matches_fail_and_name_the_keys(spark: SparkSession, tmp_path: Path, clauses: list,
-                                                 by_source_keys: bool) -> None:
+                                                 plan: FindPlan) -> None:
     target = write_table(tmp_path / "t", TARGET)
     dup = pa.table({"id": pa.array([2, 2, 3], pa.int64()), "v": ["x", "y", "z"], "n": pa.array([1, 2, 3], pa.int64())})
     source = write_table(tmp_path / "s", dup)
     before = rows(target)
     spec = make_spec(target, source, "t.id = s.id", clauses)
-    with pytest.raises(MultipleMatchError) as info, find_plan(by_source_keys=by_source_keys):
+    with pytest.raises(MultipleMatchError) as info, find_plan(plan):
         run_merge(spark, spec)
     assert "multiple source rows matched" in str(info.value)
     assert "id=2" in str(info.value)
@@ -135,15 +136,15 @@ def test_multiple_matches_fail_and_name_the_keys(spark: SparkSession, tmp_path: 
 
 
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
-@pytest.mark.parametrize("by_source_keys", [True, False], ids=["find_by_source_keys", "find_by_target_rows"])
+@pytest.mark.parametrize("plan", ["source_keys", "target_rows", "single_pass"])
 def test_duplicate_keys_on_excludes_are_no_multiple_match(spark: SparkSession, tmp_path: Path,
-                                                          by_source_keys: bool, broadcast: bool) -> None:
+                                                          plan: FindPlan, broadcast: bool) -> None:
     """Source rows that fail a source-only conjunct of ON match nothing: they are inserted, never counted as a
     second match of the target row their key names."""
     dup = pa.table({"id": pa.array([2, 2, 3, None], pa.int64()), "v": ["x", "y", "z", "w"],
                     "n": pa.array([1, 5, 0, 7], pa.int64())})
     clauses = [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")]
-    with find_plan(by_source_keys=by_source_keys), join_plan(broadcast=broadcast):
+    with find_plan(plan), join_plan(broadcast=broadcast):
         result, expected, ours, theirs = differential(spark, tmp_path, TARGET, dup, "t.id = s.id AND s.n > 1",
                                                       clauses)
     assert {k: result.result[k] for k in COUNTS} == expected

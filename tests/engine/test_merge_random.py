@@ -176,7 +176,9 @@ def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause]
 
 
 @st.composite
-def merges(draw: st.DrawFn) -> dict[str, Any]:
+def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
+    """A random merge. ``single_pass`` draws only what the single pass takes: no NOT MATCHED BY SOURCE
+    clause and an ON whose conjuncts are the key equality and source-only ones."""
     value_types = draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=3))
     columns = ["k"] + [f"c{i}" for i in range(len(value_types))]
     types = {"k": "long", **{f"c{i}": t for i, t in enumerate(value_types)}}
@@ -231,14 +233,18 @@ def merges(draw: st.DrawFn) -> dict[str, Any]:
     groups = [group("matched", ["update_all", "update", "delete"], {"source", "target", "both"}),
               group("notMatched", ["insert_all", "insert"], {"source"}),
               group("notMatchedBySource", ["update", "delete"], {"target"})]
+    if single_pass:
+        groups.pop()
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
     # Both plans of each join: the source broadcast past the streamed target, or both sides shuffled; and
-    # findTouchedFiles by source keys or by target rows.
+    # findTouchedFiles by source keys, by target rows, or folded into the write (the single pass).
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
-            "partitioned": partitioned, "on": draw(st.sampled_from(ONS)), "broadcast": draw(st.booleans()),
-            "by_source_keys": draw(st.booleans())}
+            "partitioned": partitioned, "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
+            "broadcast": single_pass or draw(st.booleans()),
+            "find_plan": "single_pass" if single_pass else draw(st.sampled_from(["source_keys", "target_rows",
+                                                                                 "single_pass"]))}
 
 
 def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.Table:
@@ -266,6 +272,19 @@ def random_merge_settings(examples: int) -> settings:
 @random_merge_settings(EXAMPLES)
 @given(case=merges())
 def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
+    check_random_merge(spark, tmp_path, case)
+
+
+@pytest.mark.slow
+@random_merge_settings(max(EXAMPLES // 2, 1))
+@given(case=merges(single_pass=True))
+def test_random_merges_in_one_pass(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
+    """The single pass on every merge it can take, whatever the key statistics expect: kept when every
+    candidate file was touched, else redone over the touched files or failed by the multiple-match check."""
+    check_random_merge(spark, tmp_path, case)
+
+
+def check_random_merge(spark: SparkSession, tmp_path: Path, case: dict[str, Any]) -> None:
     note(f"case: {case!r}")
     note(f"clauses: {[(c.kind, c.action, c.cond.sql if c.cond else None, c.assign_sql) for c in case['clauses']]}")
     root = tmp_path / f"case{next(_counter)}"
@@ -278,7 +297,7 @@ def test_random_merges(spark: SparkSession, tmp_path: Path, case: dict[str, Any]
     source = write_table(root / "source", source_arrow)
     on: On = case["on"]
     spec = make_spec(ours, source, on.sql, [c.engine_clause() for c in clauses])
-    plans = (join_plan(broadcast=case["broadcast"]), find_plan(by_source_keys=case["by_source_keys"]))
+    plans = (join_plan(broadcast=case["broadcast"]), find_plan(case["find_plan"]))
     try:
         expected_rows, expected_counts = model_merge(target_rows, source_rows, clauses, columns, on)
     except ModelMultipleMatch:

@@ -1,0 +1,163 @@
+"""findTouchedFiles folded into writeAllChanges (the single pass): taken when the key statistics expect every
+candidate file to be touched, kept only when that held, and otherwise redone as Delta's two passes would have
+done it: results against deltalake's merge, files against the log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
+
+from engine import executors, run_merge
+from engine.errors import MultipleMatchError
+from tests.engine.harness import (
+    COUNTS,
+    clause,
+    find_plan,
+    make_spec,
+    oracle_merge,
+    rows,
+    stray_files,
+    write_table,
+)
+
+FILES = 4
+ROWS_PER_FILE = 500
+
+
+def _target(path: Path) -> Path:
+    """FILES files of consecutive, dense ids: the statistics of each file bound a range its rows fill."""
+    for i in range(FILES):
+        ids = list(range(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE))
+        data = pa.table({"id": pa.array(ids, pa.int64()), "v": [f"t{k}" for k in ids]})
+        write_deltalake(str(path), data, mode="append")
+    return path
+
+
+def _source(ids: list[int]) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": [f"s{k}" for k in ids]})
+
+
+def _merge_both(spark: SparkSession, tmp_path: Path, source_ids: list[int], clauses: list[Any],
+                on: str = "t.id = s.id") -> tuple[Any, dict[str, int], Path, Path]:
+    ours, theirs = _target(tmp_path / "ours"), _target(tmp_path / "theirs")
+    source_data = _source(source_ids)
+    source = write_table(tmp_path / "source", source_data)
+    result = run_merge(spark, make_spec(ours, source, on, clauses))
+    expected = oracle_merge(theirs, source_data, on, clauses)
+    return result, expected, ours, theirs
+
+
+def _no_find_pass() -> Any:
+    return patch.object(executors.ClassicMergeExecutor, "find_touched_files",
+                        side_effect=AssertionError("the single pass should have found the touched files"))
+
+
+UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+
+
+def test_taken_when_statistics_expect_every_file_touched(spark: SparkSession, tmp_path: Path) -> None:
+    # 200 existing keys spread over all four files and 50 new ones past them: about 60 per file.
+    existing = list(range(0, FILES * ROWS_PER_FILE, 10))
+    new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
+    with _no_find_pass():
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, UPSERT)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert expected == {"num_updated_rows": 200, "num_deleted_rows": 0, "num_inserted_rows": 50}
+    assert rows(ours) == rows(theirs)
+    m = result.metrics
+    assert m["numTargetFilesRemoved"] == FILES
+    assert m["numTargetRowsCopied"] == FILES * ROWS_PER_FILE - 200
+    assert m["numSourceRows"] == 250
+    assert m["numSourceRowsInSecondScan"] == 250
+    assert m["numOutputRows"] == FILES * ROWS_PER_FILE + 50
+    assert m["scanTimeMs"] == 0
+    assert stray_files(ours) == set()
+
+
+def test_delete_in_one_pass(spark: SparkSession, tmp_path: Path) -> None:
+    with _no_find_pass():
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, list(range(0, FILES * ROWS_PER_FILE, 7)),
+                                              [clause("matched", "delete")])
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert result.metrics["numTargetFilesRemoved"] == FILES
+    assert stray_files(ours) == set()
+
+
+def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path: Path) -> None:
+    # 40 keys over four files of 500: ten per file, too few to expect every file touched.
+    ids = list(range(0, FILES * ROWS_PER_FILE, 50))
+    with patch.object(executors.ClassicMergeExecutor, "write_in_one_pass",
+                      side_effect=AssertionError("the statistics do not promise every file touched")):
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, ids, UPSERT)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+
+
+@pytest.mark.parametrize(("on", "touched"), [
+    ("t.id = s.id", 1),
+    ("t.id = s.id AND s.v = 'none'", 0),
+], ids=["one_file_touched", "none_touched"])
+def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: Path, on: str,
+                                                 touched: int) -> None:
+    # Keys in the first file only, plus two new keys that keep every file a candidate.
+    source_ids = [*range(0, 100), 5000, 5001]
+    with find_plan("single_pass"), _no_find_pass():
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, on)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    m = result.metrics
+    assert m["numTargetFilesRemoved"] == touched
+    assert m["numTargetRowsCopied"] == touched * ROWS_PER_FILE - expected["num_updated_rows"]
+    assert stray_files(ours) == set()
+    # The discarded write left nothing behind, not even an empty folder.
+    live = [Path(uri.removeprefix("file://")).relative_to(ours) for uri in DeltaTable(str(ours)).file_uris()]
+    live_folders = {path.parts[0] for path in live if len(path.parts) > 1}
+    assert {p.name for p in ours.iterdir() if p.is_dir()} <= {"_delta_log", *live_folders}
+
+
+def test_multiple_matches_fail_after_the_write_is_discarded(spark: SparkSession, tmp_path: Path) -> None:
+    target = _target(tmp_path / "t")
+    ids = list(range(0, FILES * ROWS_PER_FILE, 5))
+    source = write_table(tmp_path / "s", _source([*ids, 40]))
+    before = rows(target)
+    with find_plan("single_pass"), pytest.raises(MultipleMatchError) as info:
+        run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
+    assert "id=40" in str(info.value)
+    assert rows(target) == before
+    assert DeltaTable(str(target)).version() == FILES - 1
+    assert stray_files(target) == set()
+    assert sorted(p.name for p in target.iterdir() if p.is_dir()) == ["_delta_log"]
+
+
+def test_duplicate_keys_of_an_unconditional_delete_delete_once(spark: SparkSession, tmp_path: Path) -> None:
+    ids = list(range(0, FILES * ROWS_PER_FILE, 5))
+    with find_plan("single_pass"):
+        result, _, ours, theirs = _merge_both(spark, tmp_path, [*ids, 40, 45],
+                                              [clause("matched", "delete")])
+    assert result.result["num_deleted_rows"] == len(ids)
+    assert result.metrics["numTargetRowsMatchedDeleted"] == len(ids)
+    assert rows(ours) == rows(theirs)
+    assert stray_files(ours) == set()
+
+
+def test_partitioned_target(spark: SparkSession, tmp_path: Path) -> None:
+    data = pa.table({"id": pa.array(range(400), pa.int64()), "v": [f"t{k}" for k in range(400)],
+                     "p": [k % 3 for k in range(400)]})
+    ours = write_table(tmp_path / "ours", data, partition_by=["p"])
+    theirs = write_table(tmp_path / "theirs", data, partition_by=["p"])
+    source_data = pa.table({"id": pa.array([*range(0, 400, 4), 900, 901], pa.int64()),
+                            "v": ["new"] * 102, "p": [1] * 102})
+    source = write_table(tmp_path / "source", source_data)
+    with find_plan("single_pass"), _no_find_pass():
+        result = run_merge(spark, make_spec(ours, source, "t.id = s.id", UPSERT))
+    expected = oracle_merge(theirs, source_data, "t.id = s.id", UPSERT)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert stray_files(ours) == set()
