@@ -519,6 +519,8 @@ class ClassicMergeExecutor:
             delta.discard_write(ctx.snapshot, ctx.write_id)
             if keys is not None:
                 ctx.matched_source_keys = (keys, keyed)
+            # The pass did findTouchedFiles' work, and that is all that is kept of it.
+            ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return None
         self._record_write_metrics(counts, cdc_files)
         if keys is not None:

@@ -114,6 +114,7 @@ def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: 
     assert rows(ours) == rows(theirs)
     m = result.metrics
     assert m["numTargetFilesRemoved"] == touched
+    assert m["scanTimeMs"] > 0  # the discarded pass is what found the touched files
     assert m["numTargetRowsCopied"] == touched * ROWS_PER_FILE - expected["num_updated_rows"]
     assert stray_files(ours) == set()
     # The discarded write left nothing behind, not even an empty folder.
