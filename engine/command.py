@@ -259,7 +259,7 @@ class MergeIntoCommand:
             if keyed is not None:
                 # findTouchedFiles folded into the write: the files it touches are known once it is written.
                 self.on_progress("writing")
-                written = executor.write_in_one_pass(keyed)
+                written = executor.write_in_one_pass()
             touched = ctx.touched_files if ctx.touched_files_known else executor.find_touched_files()
             if keyed is None:
                 self.on_progress("writing")

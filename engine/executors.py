@@ -6,7 +6,7 @@ row as Delta does, or, when ON pins each target row to one source key, with the 
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
 source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched,
 ``write_in_one_pass`` skips the first pass: it rewrites every candidate and observes the touched files and
-match counts as it writes, keeping the result only if the guess held.
+the rows the join gave each target row as it writes, keeping the result only if the guess held.
 InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
 """
 
@@ -27,7 +27,6 @@ from pyspark.sql.types import (
     LongType,
     MapType,
     ShortType,
-    StructField,
     StructType,
 )
 
@@ -74,14 +73,8 @@ SINGLE_PASS_MIN_MATCHES_PER_FILE = 16
 """The single pass is taken when every candidate file is expected to hold at least this many matched rows
 (source keys in its key range times the share of that range its rows fill): with random keys the chance that
 such a file has none is below e**-16."""
-SINGLE_PASS_MAX_MATCHED_KEYS = 20_000
-"""With NOT MATCHED clauses the matched keys come back to this process to pick the rows to insert: the single
-pass is taken only for sources of at most this many rows."""
-SOURCE_ROW_COL = "_source_row_"
 TOUCHED_FILE_COL = "_touched_file_"
-MULTIPLE_MATCH_COL = "_multiple_match_"
-MATCHED_KEY_COL = "_matched_key_"
-MATCHED_NULL_KEY_COL = "_matched_null_key_"
+TARGET_ROW_OUT_COL = "_target_row_out_"
 
 
 @dataclass
@@ -405,16 +398,23 @@ class ClassicMergeExecutor:
             return source.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return source.alias(s).join(target.alias(t), on, "full_outer")
-        with_source = target.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer")
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = source_rows_matching_no_key(source, matched, keyed, s)
         else:
             unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on,
                                                   s, t)
-        target_fields = target.schema.fields
+        return self._broadcast_full_outer(source, target, unmatched)
+
+    def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame) -> DataFrame:
+        """``source FULL OUTER JOIN target`` as the target's broadcast left outer join with the source, united
+        with ``unmatched``: the source rows matching no target row, with the source's columns."""
+        spec = self.ctx.spec
+        s = spec.source_alias
+        with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), self.ctx.resolved.on,
+                                                           "left_outer")
         padded = unmatched.select(
-            *[F.lit(None).cast(f.dataType).alias(f.name) for f in target_fields],
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in target.schema.fields],
             *[F.col(_qualified(s, f.name)) for f in source.schema.fields],
         )
         # Union is by position and keeps the first side's columns, qualifiers included.
@@ -422,14 +422,15 @@ class ClassicMergeExecutor:
 
     def single_pass_keys(self) -> KeyedOn | None:
         """ON's key when findTouchedFiles can be folded into writeAllChanges: one integer key equality (plus
-        source-only conjuncts), every match touching its file, a source small enough to broadcast whole and
-        key statistics that expect every candidate file to be touched. No CDF, no NOT MATCHED BY SOURCE."""
+        source-only conjuncts), every match touching its file, a source small enough to broadcast whole, row
+        counts in every candidate's statistics and key statistics that expect every candidate file to be
+        touched. No CDF, no NOT MATCHED BY SOURCE."""
         ctx = self.ctx
         spec = ctx.spec
         rows = ctx.source_rows_estimate
         if (ctx.cdc_enabled or spec.not_matched_by_source or not ctx.candidate_files or rows is None
-                or not _touches_every_match(spec) or not source_fits_broadcast(ctx, rows, ctx.candidate_files)
-                or (spec.not_matched and rows > SINGLE_PASS_MAX_MATCHED_KEYS)):
+                or delta.known_num_records(ctx.candidate_files) is None or not _touches_every_match(spec)
+                or not source_fits_broadcast(ctx, rows, ctx.candidate_files)):
             return None
         keyed = self._keyed_on()
         if keyed is None or len(keyed.keys) != 1 or keyed.target_only:
@@ -466,68 +467,56 @@ class ClassicMergeExecutor:
                 return False
         return True
 
-    def write_in_one_pass(self, keyed: KeyedOn) -> tuple[list[Any], list[Any]] | None:
+    def write_in_one_pass(self) -> tuple[list[Any], list[Any]] | None:
         """findTouchedFiles folded into writeAllChanges: every candidate file is rewritten, joined with the
-        source grouped by key and broadcast, while the touched files, the multiple matches and (for the
-        inserts) the matched keys are observed. The write is kept only when every candidate was touched and
-        no target row matched twice; else it is discarded and None answered, with ``touched_files`` set
-        when they are known (no multiple match), for writeAllChanges to rewrite only those."""
+        broadcast source, and the source rows matching none are written by the same job for the NOT MATCHED
+        clauses, while the touched files are observed. A target row matched more than once comes out of the
+        join more than once, so the multiple-match check is the join's target rows against the rows read. The
+        write is kept only when every candidate was touched and no target row matched twice; else it is
+        discarded and None answered, with ``touched_files`` set when they are known (no multiple match), for
+        writeAllChanges to rewrite only those."""
         ctx = self.ctx
         spec = ctx.spec
         start = time.monotonic()
-        s, t = spec.source_alias, spec.target_alias
         obs_source = Observation("numSourceRows")
-        source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
-        names = [*ctx.source.columns, SOURCE_ROW_PRESENT_COL]
-        groups = self._grouped_by_key(source, keyed).agg(
-            F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL),
-            F.first(F.struct(*[F.col(quote_identifier(n)) for n in names])).alias(SOURCE_ROW_COL),
-        ).select(*[F.col(SOURCE_ROW_COL).getField(n).alias(n) for n in names], SOURCE_KEY_ROWS_COL)
-        target = ctx.target_df(ctx.candidate_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
-        joined = target.alias(t).join(F.broadcast(groups.alias(s)), ctx.resolved.on, "left_outer")
-        matched = F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-        key = F.col(_qualified(s, keyed.keys[0].source_column))
-        probes = [F.when(matched, F.col(_qualified(t, delta.FILE_NAME_COL))).alias(TOUCHED_FILE_COL),
-                  (matched & (F.col(SOURCE_KEY_ROWS_COL) > 1)).alias(MULTIPLE_MATCH_COL)]
-        probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL),
-                         F.count_if(F.col(MULTIPLE_MATCH_COL)).alias(MULTIPLE_MATCH_COL)]
+        observed_source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        target = (delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files)
+                  .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
         if spec.not_matched:
-            # collect_set skips NULL: a NULL key matched under ``<=>`` is counted apart.
-            probes += [F.when(matched, key.cast(LongType())).alias(MATCHED_KEY_COL),
-                       (matched & key.isNull()).alias(MATCHED_NULL_KEY_COL)]
-            probe_metrics += [F.collect_set(MATCHED_KEY_COL).alias(MATCHED_KEY_COL),
-                              F.count_if(F.col(MATCHED_NULL_KEY_COL)).alias(MATCHED_NULL_KEY_COL)]
+            # The source is counted where the rows matching no target row stream past; an observation may
+            # appear once in a plan.
+            broadcast = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+            unmatched = source_rows_matching_none(
+                observed_source, ctx.target_df(ctx.candidate_files, file_columns=False), ctx.resolved.on,
+                spec.source_alias, spec.target_alias, probe=ctx.source)
+            joined = self._broadcast_full_outer(broadcast, target, unmatched)
+        else:
+            joined = target.alias(spec.target_alias).join(
+                F.broadcast(observed_source.alias(spec.source_alias)), ctx.resolved.on, "left_outer")
+        target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
+        matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
+        probes = [F.when(matched, F.col(_qualified(spec.target_alias, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL),
+                  target_present.alias(TARGET_ROW_OUT_COL)]
+        probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL),
+                         F.count_if(F.col(TARGET_ROW_OUT_COL)).alias(TARGET_ROW_OUT_COL)]
         added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
                                                     probe_metrics=probe_metrics)
-        found = obs.get
-        counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL, MATCHED_KEY_COL))
+        counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
         ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
-        if counts[MULTIPLE_MATCH_COL]:
+        # The statistics' row count (required by single_pass_keys) spares observing the scan, which would stop
+        # whole-stage code generation there for every target row.
+        if counts[TARGET_ROW_OUT_COL] != delta.known_num_records(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)
             return None
-        touched = set(found.get(TOUCHED_FILE_COL) or [])
-        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched]
+        ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files,
+                                                 obs.get.get(TOUCHED_FILE_COL) or [])
         ctx.touched_files_known = True
-        keys = None
-        if spec.not_matched:
-            matched_keys = list(found.get(MATCHED_KEY_COL) or [])
-            if counts[MATCHED_NULL_KEY_COL]:
-                matched_keys.append(None)
-            keys = ctx.spark.createDataFrame([(k,) for k in matched_keys],
-                                             StructType([StructField("_key_0_", LongType())]))
         if len(ctx.touched_files) < len(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)
-            if keys is not None:
-                ctx.matched_source_keys = (keys, keyed)
             # The pass did findTouchedFiles' work, and that is all that is kept of it.
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return None
         self._record_write_metrics(counts, cdc_files)
-        if keys is not None:
-            inserts = source_rows_matching_no_key(ctx.source, keys, keyed, s)
-            inserted, read = InsertOnlyMergeExecutor(ctx).write_inserts(inserts, write_id=ctx.new_write_id())
-            added += inserted
-            ctx.metrics["numSourceRowsInSecondScan"] += read
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
 

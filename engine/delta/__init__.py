@@ -17,7 +17,14 @@ from engine.delta.actions import (
 )
 from engine.delta.app_transactions import commit_info, find_app_transaction_commit
 from engine.delta.features import check_can_modify, check_supported
-from engine.delta.scan import FILE_NAME_COL, ROW_INDEX_COL, scan_files
+from engine.delta.scan import (
+    FILE_NAME_COL,
+    FILE_PATH_COL,
+    ROW_INDEX_COL,
+    files_at_paths,
+    scan_files,
+    scan_files_with_path,
+)
 from engine.delta.skipping import FilePredicate, prune_files
 from engine.delta.snapshot import Snapshot, load_snapshot
 from engine.delta.transaction import Transaction
@@ -33,6 +40,7 @@ from engine.delta.write import (
 __all__ = [
     "CHANGE_TYPE_COL",
     "FILE_NAME_COL",
+    "FILE_PATH_COL",
     "ROW_INDEX_COL",
     "AddCDCFile",
     "AddFile",
@@ -50,11 +58,13 @@ __all__ = [
     "check_supported",
     "commit_info",
     "discard_write",
+    "files_at_paths",
     "find_app_transaction_commit",
     "known_num_records",
     "load_snapshot",
     "prune_files",
     "scan_files",
+    "scan_files_with_path",
     "target_partitions",
     "write_data_and_cdc_files",
     "write_data_files",

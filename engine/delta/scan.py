@@ -8,19 +8,23 @@ is checked: a row whose file path does not map back fails the query instead of v
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Literal
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
+from engine.delta.errors import DeltaError
 from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
 
 FILE_NAME_COL = "_file_name_"
 ROW_INDEX_COL = "_row_index_"
+FILE_PATH_COL = "_file_path_"
 _LOCAL_PATH_COL = "__delta_local_path"
 _UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
@@ -35,12 +39,42 @@ def scan_schema(snapshot: Snapshot) -> T.StructType:
     ])
 
 
+FileColumns = Literal["name_and_row_index", "path", "none"]
+
+
 def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], *,
                file_columns: bool = True) -> DataFrame:
     """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
     ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
     evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
     table is then a plain Parquet read."""
+    return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none")
+
+
+def scan_files_with_path(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
+    """The rows of ``files`` with the table's columns and ``_file_path_``, the reader's own name of the file
+    each row comes from. It costs nothing per row, where ``_file_name_`` costs a new string per row: for
+    plans that only collect the names of a few files, which ``files_at_paths`` maps back."""
+    return _scan(spark, snapshot, files, "path")
+
+
+def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable[str]) -> list[AddFile]:
+    """The files among ``files`` that ``_file_path_`` values name, in ``files``' order. ``unquote`` is Spark's
+    ``url_decode`` of ``SPARK_FILE_PATH_TO_LOCAL_SQL`` less its reading of ``+`` as a space."""
+    by_name = {add.path: add for add in files}
+    by_local = {add.absolute_path(snapshot.root): add for add in files}
+    found: set[str] = set()
+    for path in paths:
+        # A partitioned scan names its files by log path already; a plain one by Spark's ``file:`` URI.
+        add = by_name.get(path) or by_local.get(unquote(re.sub(r"^file:(//)?", "", path)))
+        if add is None:
+            raise DeltaError(f"[{_UNMAPPED_MARKER}] scanned file not in the request: {path}")
+        found.add(add.path)
+    return [f for f in files if f.path in found]
+
+
+def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], file_columns: FileColumns
+          ) -> DataFrame:
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
@@ -48,12 +82,20 @@ def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]
     unique = list({f.path: f for f in files}.values())
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
-        return empty if file_columns else empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
+        if file_columns == "path":
+            return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields],
+                                F.col(FILE_NAME_COL).alias(FILE_PATH_COL))
+        if file_columns == "none":
+            return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
+        return empty
     if not partition_fields:
         local = [add.absolute_path(snapshot.root) for add in unique]
         plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
-        if not file_columns:
+        if file_columns == "none":
             return plain
+        if file_columns == "path":
+            return plain.select(*[F.col(f"`{f.name}`") for f in data_schema.fields],
+                                F.col("_metadata.file_path").alias(FILE_PATH_COL))
         prefix = "file:" + snapshot.root.rstrip("/") + "/"
         if all(_PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique,
                                                                                                strict=True)):
@@ -100,6 +142,8 @@ def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]
                                F.col(_LOCAL_PATH_COL))),
     ).otherwise(F.col(FILE_NAME_COL))
     table_columns = [F.col(f"`{f.name}`") for f in schema.fields]
-    if not file_columns:
+    if file_columns == "none":
         return joined.select(*table_columns)
+    if file_columns == "path":
+        return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL))
     return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL))

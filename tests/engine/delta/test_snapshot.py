@@ -12,7 +12,15 @@ from deltalake import Transaction as RsTransaction
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from engine.delta import FILE_NAME_COL, ROW_INDEX_COL, load_snapshot, scan_files
+from engine.delta import (
+    FILE_NAME_COL,
+    FILE_PATH_COL,
+    ROW_INDEX_COL,
+    files_at_paths,
+    load_snapshot,
+    scan_files,
+    scan_files_with_path,
+)
 from engine.errors import DeltaError, TableNotFoundError
 
 from .conftest import typed_rows
@@ -146,3 +154,31 @@ def test_spark_does_not_add_partition_columns_itself(spark: SparkSession, lake: 
     assert df.schema.fieldNames() == ["id", "day", FILE_NAME_COL, ROW_INDEX_COL]
     assert df.schema["day"].dataType == T.DateType()
     assert sorted((r.id, r.day) for r in df.collect()) == [(1, dt.date(2024, 1, 1)), (2, None)]
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_file_paths_map_back_to_files(spark: SparkSession, lake: Path, partitioned: bool) -> None:
+    """``_file_path_`` is the reader's own name of a row's file (a ``file:`` URI with escapes for a plain
+    table, the log path for a partitioned one): ``files_at_paths`` maps every value back, under a root with
+    characters URIs escape, and refuses a path outside the files asked for."""
+    root = lake / f"paths {partitioned} é+#?{{x}}"
+    data = pa.table({"id": list(range(6)), "part": ["a b", "c+d", "e%f", "a b", "c+d", "e%f"]})
+    for i in range(3):
+        write_deltalake(str(root), data.slice(2 * i, 2), mode="append", partition_by=["part"] if partitioned else None)
+    snapshot = load_snapshot(str(root))
+    files = list(snapshot.files)
+    chosen = files[:2]
+    result = scan_files_with_path(spark, snapshot, chosen).toArrow()
+    assert result.column_names == [*[f.name for f in snapshot.spark_schema.fields], FILE_PATH_COL]
+    paths = result.column(FILE_PATH_COL).to_pylist()
+    assert [f.path for f in files_at_paths(snapshot, chosen, set(paths))] == [f.path for f in chosen]
+    import pyarrow.parquet as pq
+
+    for path in set(paths):
+        (add,) = files_at_paths(snapshot, chosen, [path])
+        ids = sorted(r["id"] for r in result.to_pylist() if r[FILE_PATH_COL] == path)
+        assert ids == sorted(pq.read_table(add.absolute_path(snapshot.root)).column("id").to_pylist())
+    others = scan_files_with_path(spark, snapshot, files[2:]).toArrow().column(FILE_PATH_COL).to_pylist()
+    with pytest.raises(DeltaError, match="not in the request"):
+        files_at_paths(snapshot, chosen, others)
+    assert files_at_paths(snapshot, chosen, []) == []
