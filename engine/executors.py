@@ -422,15 +422,14 @@ class ClassicMergeExecutor:
 
     def single_pass_keys(self) -> KeyedOn | None:
         """ON's key when findTouchedFiles can be folded into writeAllChanges: one integer key equality (plus
-        source-only conjuncts), every match touching its file, a source small enough to broadcast whole, row
-        counts in every candidate's statistics and key statistics that expect every candidate file to be
-        touched. No CDF, no NOT MATCHED BY SOURCE."""
+        source-only conjuncts), every match touching its file, a source of known size, row counts in every
+        candidate's statistics and key statistics that expect every candidate file to be touched. No NOT
+        MATCHED BY SOURCE clauses."""
         ctx = self.ctx
         spec = ctx.spec
         rows = ctx.source_rows_estimate
-        if (ctx.cdc_enabled or spec.not_matched_by_source or not ctx.candidate_files or rows is None
-                or delta.known_num_records(ctx.candidate_files) is None or not _touches_every_match(spec)
-                or not source_fits_broadcast(ctx, rows, ctx.candidate_files)):
+        if (spec.not_matched_by_source or not ctx.candidate_files or rows is None
+                or delta.known_num_records(ctx.candidate_files) is None or not _touches_every_match(spec)):
             return None
         keyed = self._keyed_on()
         if keyed is None or len(keyed.keys) != 1 or keyed.target_only:
@@ -469,33 +468,35 @@ class ClassicMergeExecutor:
 
     def write_in_one_pass(self) -> tuple[list[Any], list[Any]] | None:
         """findTouchedFiles folded into writeAllChanges: every candidate file is rewritten, joined with the
-        broadcast source, and the source rows matching none are written by the same job for the NOT MATCHED
-        clauses, while the touched files are observed. A target row matched more than once comes out of the
-        join more than once, so the multiple-match check is the join's target rows against the rows read. The
-        write is kept only when every candidate was touched and no target row matched twice; else it is
-        discarded and None answered, with ``touched_files`` set when they are known (no multiple match), for
-        writeAllChanges to rewrite only those."""
+        source as writeAllChanges joins it, while the touched files are observed. A target row matched more
+        than once comes out of the join more than once, so the multiple-match check is the join's target rows
+        against the rows the statistics count. The write is kept only when every candidate was touched and no
+        target row matched twice; else it is discarded and None answered, with ``touched_files`` set when they
+        are known (no multiple match), for writeAllChanges to rewrite only those."""
         ctx = self.ctx
         spec = ctx.spec
+        s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
         start = time.monotonic()
         obs_source = Observation("numSourceRows")
         observed_source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         target = (delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files)
                   .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
-        if spec.not_matched:
+        if not source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
+            how = "right_outer" if spec.is_matched_only else "full_outer"
+            joined = observed_source.alias(s).join(target.alias(t), on, how)
+        elif spec.not_matched:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
-            broadcast = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
-            unmatched = source_rows_matching_none(
-                observed_source, ctx.target_df(ctx.candidate_files, file_columns=False), ctx.resolved.on,
-                spec.source_alias, spec.target_alias, probe=ctx.source)
-            joined = self._broadcast_full_outer(broadcast, target, unmatched)
+            unmatched = source_rows_matching_none(observed_source, ctx.target_df(ctx.candidate_files,
+                                                                                 file_columns=False),
+                                                  on, s, t, probe=ctx.source)
+            joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
+                                                unmatched)
         else:
-            joined = target.alias(spec.target_alias).join(
-                F.broadcast(observed_source.alias(spec.source_alias)), ctx.resolved.on, "left_outer")
+            joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
         target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
         matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-        probes = [F.when(matched, F.col(_qualified(spec.target_alias, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL),
+        probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL),
                   target_present.alias(TARGET_ROW_OUT_COL)]
         probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL),
                          F.count_if(F.col(TARGET_ROW_OUT_COL)).alias(TARGET_ROW_OUT_COL)]

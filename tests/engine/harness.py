@@ -136,13 +136,11 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
     """Force one of findTouchedFiles' plans where ON allows it: the source grouped by its join keys and
     broadcast past the target; the matches counted per target row after a shuffle (Delta's own); or folded
     into writeAllChanges (the single pass) whatever the key statistics expect, so that a wrong guess (a
-    candidate file left untouched) and its fallback are exercised too. The single pass needs the broadcast
-    join plan: it is allowed whatever the sizes, unless ``join_plan(broadcast=False)`` forbids it."""
+    candidate file left untouched) and its fallback are exercised too."""
     stack = ExitStack()
     if plan == "single_pass":
         stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched",
                                          lambda self, keyed: True))
-        stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
         return stack
     stack.enter_context(patch.object(executors.ClassicMergeExecutor, "single_pass_keys", lambda self: None))
     if plan == "target_rows":

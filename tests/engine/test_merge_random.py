@@ -242,7 +242,7 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     # findTouchedFiles by source keys, by target rows, or folded into the write (the single pass).
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
             "partitioned": partitioned, "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
-            "broadcast": single_pass or draw(st.booleans()),
+            "broadcast": draw(st.booleans()),
             "find_plan": "single_pass" if single_pass else draw(st.sampled_from(["source_keys", "target_rows",
                                                                                  "single_pass"]))}
 

@@ -20,23 +20,25 @@ from tests.engine.harness import (
     COUNTS,
     clause,
     find_plan,
+    join_plan,
     make_spec,
     oracle_merge,
     rows,
     stray_files,
     write_table,
 )
+from tests.engine.test_cdf import CDF, changes
 
 FILES = 4
 ROWS_PER_FILE = 500
 
 
-def _target(path: Path) -> Path:
+def _target(path: Path, configuration: dict[str, str] | None = None) -> Path:
     """FILES files of consecutive, dense ids: the statistics of each file bound a range its rows fill."""
     for i in range(FILES):
         ids = list(range(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE))
         data = pa.table({"id": pa.array(ids, pa.int64()), "v": [f"t{k}" for k in ids]})
-        write_deltalake(str(path), data, mode="append")
+        write_deltalake(str(path), data, mode="append", configuration=configuration if i == 0 else None)
     return path
 
 
@@ -45,8 +47,9 @@ def _source(ids: Sequence[int | None]) -> pa.Table:
 
 
 def _merge_both(spark: SparkSession, tmp_path: Path, source_ids: list[int], clauses: list[Any],
-                on: str = "t.id = s.id") -> tuple[Any, dict[str, int], Path, Path]:
-    ours, theirs = _target(tmp_path / "ours"), _target(tmp_path / "theirs")
+                on: str = "t.id = s.id", configuration: dict[str, str] | None = None
+                ) -> tuple[Any, dict[str, int], Path, Path]:
+    ours, theirs = _target(tmp_path / "ours", configuration), _target(tmp_path / "theirs", configuration)
     source_data = _source(source_ids)
     source = write_table(tmp_path / "source", source_data)
     result = run_merge(spark, make_spec(ours, source, on, clauses))
@@ -179,13 +182,15 @@ PLAN_DEPENDENT = {"numTargetFilesAdded", "numTargetBytesAdded", "numTargetPartit
     ("t.id <=> s.id", [clause("matched", "update_all", "s.v <> 's40'"), clause("matched", "delete"),
                        clause("notMatched", "insert_all")]),
 ], ids=["upsert", "delete", "conditional", "null_safe"])
-def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any]) -> None:
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
+def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any],
+                                    broadcast: bool) -> None:
     ids = [*range(0, FILES * ROWS_PER_FILE, 7), *range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 40), None]
     source = write_table(tmp_path / "source", _source(ids))
     results = {}
     for plan in ("single_pass", "source_keys"):
         target = _target(tmp_path / plan)
-        with find_plan(plan):  # type: ignore[arg-type]
+        with find_plan(plan), join_plan(broadcast=broadcast):  # type: ignore[arg-type]
             results[plan] = run_merge(spark, make_spec(target, source, on, clauses))
     one, two = results["single_pass"], results["source_keys"]
     assert one.result == two.result
@@ -193,3 +198,18 @@ def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str
         k: v for k, v in two.metrics.items() if k not in PLAN_DEPENDENT}
     assert rows(tmp_path / "single_pass") == rows(tmp_path / "source_keys")
     assert one.metrics["scanTimeMs"] == 0
+
+
+@pytest.mark.parametrize("clauses", [UPSERT, [clause("matched", "delete")]], ids=["upsert", "delete"])
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
+def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: list[Any], broadcast: bool) -> None:
+    """Change Data Feed rows come out of the single pass as out of the two: the same as deltalake's."""
+    existing = list(range(0, FILES * ROWS_PER_FILE, 10))
+    new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
+    with _no_find_pass(), join_plan(broadcast=broadcast):
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, clauses, configuration=CDF)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert changes(ours, ["id", "v"]) == changes(theirs, ["id", "v"])
+    assert result.metrics["numTargetChangeFilesAdded"] >= 1
+    assert stray_files(ours) == set()
