@@ -14,9 +14,10 @@ existing keys all over the key range instead of after it:
 Every merge runs on a fresh copy of the same target, each side in a process of its own so that its peak memory is
 its own: the engine in a Python process that talks to one shared Spark Connect server, delta-rs in another Python
 process. Every engine process joins the same Spark Connect session, as the service's worker runs all its merges in
-one: the server compiles a query's generated code once per session, and a worker's steady state has it compiled. Both timings include reading the source: the engine reads the source Delta table itself inside
-``run_merge``; the delta-rs process reads the same Delta table into a pyarrow table inside its timing. Both include
-loading the target's snapshot. Neither includes process start-up, imports or the Spark Connect session set-up.
+one: the server compiles a query's generated code once per session, and a worker's steady state has it compiled.
+Both timings include reading the source: the engine reads the source Delta table itself inside ``run_merge``; the
+delta-rs process reads the same Delta table into a pyarrow table inside its timing. Both include loading the
+target's snapshot. Neither includes process start-up, imports or the Spark Connect session set-up.
 
 After each workload both tables are read back with ``deltalake`` and compared in full (row count, then every
 column sorted by id), and the merge counts are checked against the counts the data was built for, so a fast wrong
