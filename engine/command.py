@@ -195,8 +195,7 @@ class MergeIntoCommand:
         finally:
             # Files of a commit whose outcome is unknown may be live in the table: those are never removed.
             if snapshot is not None and wrote and not self._committed and not self._outcome_unknown:
-                for write_id in [self.write_id, *(self._ctx.extra_write_ids if self._ctx is not None else [])]:
-                    delta.discard_write(snapshot, write_id)
+                delta.discard_write(snapshot, self.write_id)
             if self._ctx is not None:
                 with contextlib.suppress(PySparkException):
                     self._ctx.release()

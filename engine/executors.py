@@ -89,7 +89,7 @@ class MergeContext:
     candidate_files: Sequence[Any]
     """Live files left after data skipping."""
     write_id: str
-    """The folder of the merge's data files, under the table root; further writes take ``new_write_id``."""
+    """The folder of the merge's data files, under the table root."""
     metrics: dict[str, int]
     cdc_enabled: bool = False
     deduplicate_cdf_deletes: bool = False
@@ -106,7 +106,6 @@ class MergeContext:
     computed them."""
     touched_files_known: bool = False
     """The single pass found the touched files (and no multiple match) but had to give up its write."""
-    extra_write_ids: list[str] = field(default_factory=list)
 
     @property
     def output_names(self) -> list[str]:
@@ -114,12 +113,6 @@ class MergeContext:
 
     def target_df(self, files: Sequence[Any], *, file_columns: bool = True) -> DataFrame:
         return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
-
-    def new_write_id(self) -> str:
-        """A further folder for data files written alongside ``write_id``'s; discarded with it."""
-        write_id = f"{self.write_id}-{len(self.extra_write_ids) + 1}"
-        self.extra_write_ids.append(write_id)
-        return write_id
 
     def release(self) -> None:
         """Free what the merge cached on the Spark server."""
@@ -633,15 +626,6 @@ class InsertOnlyMergeExecutor:
                 new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
         else:
             new_rows = source
-        added, _ = self.write_inserts(new_rows, write_id=ctx.write_id)
-        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
-        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added
-
-    def write_inserts(self, new_rows: DataFrame, *, write_id: str) -> tuple[list[Any], int]:
-        """The NOT MATCHED clauses over source rows that match no target row, written as new files; answers
-        them and the number of source rows read."""
-        ctx = self.ctx
         new_rows, lookups = generate_precomputed_conditions_and_df(new_rows, ctx.resolved.not_matched)
         output_cols = generate_inserts_only_output_cols(
             ctx.output_names, ctx.resolved.output_fields, ctx.resolved.not_matched, lookups
@@ -650,10 +634,12 @@ class InsertOnlyMergeExecutor:
         projected = repartition_for_write(ctx, new_rows.select(*output_cols))
         projected = projected.observe(obs, *action_counts([INSERT, DROP_SOURCE]))
         output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id, schema=output_schema(ctx))
-        counts = observed_counts(obs)
-        ctx.metrics["numTargetRowsInserted"] = counts.get(INSERT, 0)
-        return added, counts.get(INSERT, 0) + counts.get(DROP_SOURCE, 0)
+        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id,
+                                       schema=output_schema(ctx))
+        ctx.metrics["numTargetRowsInserted"] = observed_counts(obs).get(INSERT, 0)
+        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added
 
 
 def observed_counts(obs: Observation, *, ignore: Sequence[str] = ()) -> dict[str, int]:
