@@ -253,14 +253,14 @@ class MergeIntoCommand:
         else:
             self.on_progress("finding_touched_files")
             executor = ClassicMergeExecutor(ctx)
-            keyed = executor.single_pass_keys()
+            single_pass = executor.takes_single_pass()
             written = None
-            if keyed is not None:
+            if single_pass:
                 # findTouchedFiles folded into the write: the files it touches are known once it is written.
                 self.on_progress("writing")
                 written = executor.write_in_one_pass()
             touched = ctx.touched_files if ctx.touched_files_known else executor.find_touched_files()
-            if keyed is None:
+            if not single_pass:
                 self.on_progress("writing")
             if written is not None:
                 added, cdc_files = written

@@ -413,25 +413,26 @@ class ClassicMergeExecutor:
         # Union is by position and keeps the first side's columns, qualifiers included.
         return with_source.union(padded)
 
-    def single_pass_keys(self) -> KeyedOn | None:
-        """ON's key when findTouchedFiles can be folded into writeAllChanges: one integer key equality (plus
-        source-only conjuncts), every match touching its file, a source of known size, row counts in every
-        candidate's statistics and key statistics that expect every candidate file to be touched. No NOT
-        MATCHED BY SOURCE clauses."""
+    def takes_single_pass(self) -> bool:
+        """Whether findTouchedFiles can be folded into writeAllChanges. Every candidate needs a row count in its
+        statistics (the multiple-match check). With NOT MATCHED BY SOURCE clauses every candidate file is
+        touched, as Delta rewrites them all, so nothing else is guessed. Otherwise ON must be one integer key
+        equality (plus source-only conjuncts), every match must touch its file, and the key statistics must
+        expect every candidate file to be touched."""
         ctx = self.ctx
         spec = ctx.spec
-        rows = ctx.source_rows_estimate
-        if (spec.not_matched_by_source or not ctx.candidate_files or rows is None
-                or delta.known_num_records(ctx.candidate_files) is None or not _touches_every_match(spec)):
-            return None
+        if not ctx.candidate_files or delta.known_num_records(ctx.candidate_files) is None:
+            return False
+        if spec.not_matched_by_source:
+            return True
+        if ctx.source_rows_estimate is None or not _touches_every_match(spec):
+            return False
         keyed = self._keyed_on()
         if keyed is None or len(keyed.keys) != 1 or keyed.target_only:
-            return None
+            return False
         target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
                             if f.name.lower() == keyed.keys[0].target_column.lower()), None)
-        if not isinstance(target_type, INTEGRAL_TYPES) or not self._expects_every_candidate_touched(keyed):
-            return None
-        return keyed
+        return isinstance(target_type, INTEGRAL_TYPES) and self._expects_every_candidate_touched(keyed)
 
     def _expects_every_candidate_touched(self, keyed: KeyedOn) -> bool:
         """Whether each candidate file should hold SINGLE_PASS_MIN_MATCHES_PER_FILE matched rows, taking the
@@ -497,13 +498,16 @@ class ClassicMergeExecutor:
                                                     probe_metrics=probe_metrics)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
         ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
-        # The statistics' row count (required by single_pass_keys) spares observing the scan, which would stop
+        # The statistics' row count (required by takes_single_pass) spares observing the scan, which would stop
         # whole-stage code generation there for every target row.
         if counts[TARGET_ROW_OUT_COL] != delta.known_num_records(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)
             return None
-        ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files,
-                                                 obs.get.get(TOUCHED_FILE_COL) or [])
+        if spec.not_matched_by_source:
+            ctx.touched_files = list(ctx.candidate_files)
+        else:
+            ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files,
+                                                     obs.get.get(TOUCHED_FILE_COL) or [])
         ctx.touched_files_known = True
         if len(ctx.touched_files) < len(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)

@@ -142,7 +142,7 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
         stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched",
                                          lambda self, keyed: True))
         return stack
-    stack.enter_context(patch.object(executors.ClassicMergeExecutor, "single_pass_keys", lambda self: None))
+    stack.enter_context(patch.object(executors.ClassicMergeExecutor, "takes_single_pass", lambda self: False))
     if plan == "target_rows":
         stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_keyed_on", lambda self: None))
     return stack

@@ -177,8 +177,8 @@ def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause]
 
 @st.composite
 def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
-    """A random merge. ``single_pass`` draws only what the single pass takes: no NOT MATCHED BY SOURCE
-    clause and an ON whose conjuncts are the key equality and source-only ones."""
+    """A random merge. ``single_pass`` draws only what the single pass takes: an ON whose conjuncts are the key
+    equality and source-only ones (what it needs when there is no NOT MATCHED BY SOURCE clause)."""
     value_types = draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=3))
     columns = ["k"] + [f"c{i}" for i in range(len(value_types))]
     types = {"k": "long", **{f"c{i}": t for i, t in enumerate(value_types)}}
@@ -233,8 +233,8 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     groups = [group("matched", ["update_all", "update", "delete"], {"source", "target", "both"}),
               group("notMatched", ["insert_all", "insert"], {"source"}),
               group("notMatchedBySource", ["update", "delete"], {"target"})]
-    if single_pass:
-        groups.pop()
+    if single_pass and draw(st.booleans()):
+        groups.pop()  # half the examples without NOT MATCHED BY SOURCE: the single pass then has to guess
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]

@@ -94,6 +94,20 @@ def test_delete_in_one_pass(spark: SparkSession, tmp_path: Path) -> None:
     assert stray_files(ours) == set()
 
 
+def test_not_matched_by_source_takes_it_whatever_the_keys(spark: SparkSession, tmp_path: Path) -> None:
+    """NOT MATCHED BY SOURCE clauses touch every candidate file, so the single pass needs no key statistics nor
+    a plain key equality: three source keys, and ON with a conjunct over both sides."""
+    clauses = [clause("matched", "update_all"), clause("notMatchedBySource", "delete", "t.id % 2 = 0")]
+    with _no_find_pass():
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, [3, 700, 5000], clauses,
+                                                     on="t.id = s.id AND t.v <> s.v")
+    assert expected["num_updated_rows"] == 2
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert result.metrics["numTargetFilesRemoved"] == FILES
+    assert stray_files(ours) == set()
+
+
 def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path: Path) -> None:
     # 40 keys over four files of 500: ten per file, too few to expect every file touched.
     ids = list(range(0, FILES * ROWS_PER_FILE, 50))
@@ -181,7 +195,10 @@ PLAN_DEPENDENT = {"numTargetFilesAdded", "numTargetBytesAdded", "numTargetPartit
                                         clause("notMatched", "insert", "s.id % 5 <> 0", id="s.id", v="'new'")]),
     ("t.id <=> s.id", [clause("matched", "update_all", "s.v <> 's40'"), clause("matched", "delete"),
                        clause("notMatched", "insert_all")]),
-], ids=["upsert", "delete", "conditional", "null_safe"])
+    ("t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all"),
+                     clause("notMatchedBySource", "delete", "t.id % 3 = 0"),
+                     clause("notMatchedBySource", "update", v="'gone'")]),
+], ids=["upsert", "delete", "conditional", "null_safe", "not_matched_by_source"])
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
 def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any],
                                     broadcast: bool) -> None:
