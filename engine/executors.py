@@ -74,7 +74,9 @@ SINGLE_PASS_MIN_MATCHES_PER_FILE = 16
 (source keys in its key range times the share of that range its rows fill): with random keys the chance that
 such a file has none is below e**-16."""
 TOUCHED_FILE_COL = "_touched_file_"
-TARGET_ROW_OUT_COL = "_target_row_out_"
+TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE,
+                       NOT_MATCHED_BY_SOURCE_DELETE)
+"""The actions a row of the target takes: one each."""
 
 
 @dataclass
@@ -490,24 +492,25 @@ class ClassicMergeExecutor:
             joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
         target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
         matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-        probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL),
-                  target_present.alias(TARGET_ROW_OUT_COL)]
-        probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL),
-                         F.count_if(F.col(TARGET_ROW_OUT_COL)).alias(TARGET_ROW_OUT_COL)]
+        # NOT MATCHED BY SOURCE clauses touch every candidate: only a guess needs the touched files observed.
+        guessed = not spec.not_matched_by_source
+        probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
+        probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)] if guessed else []
         added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
                                                     probe_metrics=probe_metrics)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
         ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
-        # The statistics' row count (required by takes_single_pass) spares observing the scan, which would stop
-        # whole-stage code generation there for every target row.
-        if counts[TARGET_ROW_OUT_COL] != delta.known_num_records(ctx.candidate_files):
+        # Every target row the join gave takes one target-side action. The statistics' row count (required by
+        # takes_single_pass) spares observing the scan, which would stop whole-stage code generation there.
+        target_rows_out = sum(counts.get(c, 0) for c in TARGET_SIDE_ACTIONS)
+        if target_rows_out != delta.known_num_records(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)
             return None
-        if spec.not_matched_by_source:
-            ctx.touched_files = list(ctx.candidate_files)
-        else:
+        if guessed:
             ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files,
                                                      obs.get.get(TOUCHED_FILE_COL) or [])
+        else:
+            ctx.touched_files = list(ctx.candidate_files)
         ctx.touched_files_known = True
         if len(ctx.touched_files) < len(ctx.candidate_files):
             delta.discard_write(ctx.snapshot, ctx.write_id)
