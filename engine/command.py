@@ -259,8 +259,13 @@ class MergeIntoCommand:
                 # findTouchedFiles folded into the write: the files it touches are known once it is written.
                 self.on_progress("writing")
                 written = executor.write_in_one_pass()
-            touched = ctx.touched_files if ctx.touched_files_known else executor.find_touched_files()
-            if not single_pass:
+            if ctx.touched_files_known:
+                touched = ctx.touched_files
+            else:
+                if single_pass:
+                    # The single pass was given up before it knew the touched files (a multiple match).
+                    self.on_progress("finding_touched_files")
+                touched = executor.find_touched_files()
                 self.on_progress("writing")
             if written is not None:
                 added, cdc_files = written

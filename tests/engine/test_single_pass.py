@@ -47,12 +47,13 @@ def _source(ids: Sequence[int | None]) -> pa.Table:
 
 
 def _merge_both(spark: SparkSession, tmp_path: Path, source_ids: list[int], clauses: list[Any],
-                on: str = "t.id = s.id", configuration: dict[str, str] | None = None
-                ) -> tuple[Any, dict[str, int], Path, Path]:
+                on: str = "t.id = s.id", configuration: dict[str, str] | None = None,
+                phases: list[str] | None = None) -> tuple[Any, dict[str, int], Path, Path]:
     ours, theirs = _target(tmp_path / "ours", configuration), _target(tmp_path / "theirs", configuration)
     source_data = _source(source_ids)
     source = write_table(tmp_path / "source", source_data)
-    result = run_merge(spark, make_spec(ours, source, on, clauses))
+    result = run_merge(spark, make_spec(ours, source, on, clauses),
+                       on_progress=None if phases is None else phases.append)
     expected = oracle_merge(theirs, source_data, on, clauses)
     return result, expected, ours, theirs
 
@@ -126,9 +127,12 @@ def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: 
                                                  touched: int) -> None:
     # Keys in the first file only, plus two new keys that keep every file a candidate.
     source_ids = [*range(0, 100), 5000, 5001]
+    phases: list[str] = []
     with find_plan("single_pass"), _no_find_pass():
-        result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, on)
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, on, phases=phases)
     assert {k: result.result[k] for k in COUNTS} == expected
+    # The discarded pass found the touched files: the rewrite of those is still the writing phase.
+    assert phases == ["preparing_source", "finding_touched_files", "writing", "committing"]
     assert rows(ours) == rows(theirs)
     m = result.metrics
     assert m["numTargetFilesRemoved"] == touched
@@ -157,10 +161,14 @@ def test_multiple_matches_fail_after_the_write_is_discarded(spark: SparkSession,
 
 def test_duplicate_keys_of_an_unconditional_delete_delete_once(spark: SparkSession, tmp_path: Path) -> None:
     ids = list(range(0, FILES * ROWS_PER_FILE, 5))
+    phases: list[str] = []
     with find_plan("single_pass"):
         result, _, ours, theirs = _merge_both(spark, tmp_path, [*ids, 40, 45],
-                                              [clause("matched", "delete")])
+                                              [clause("matched", "delete")], phases=phases)
     assert result.result["num_deleted_rows"] == len(ids)
+    # The multiple match gave up the single pass before it knew the touched files: Delta's two passes follow.
+    assert phases == ["preparing_source", "finding_touched_files", "writing", "finding_touched_files", "writing",
+                      "committing"]
     assert result.metrics["numTargetRowsMatchedDeleted"] == len(ids)
     assert rows(ours) == rows(theirs)
     assert stray_files(ours) == set()
