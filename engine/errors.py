@@ -110,6 +110,13 @@ class AppendOnlyTableError(DeltaError):
     title = "Table is append-only"
 
 
+class InvariantViolationError(DeltaError):
+    """A row the merge would write breaks a rule the table declares: NOT NULL, a CHECK constraint, a column
+    invariant or a CHAR/VARCHAR length (Delta's DeltaInvariantViolationException)."""
+
+    title = "Table constraint violated"
+
+
 class CommitFailedError(DeltaError):
     """The commit definitely did not land (nothing was written to the log)."""
 

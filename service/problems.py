@@ -160,7 +160,7 @@ def _engine_status(exc: BaseException) -> int | None:
     if isinstance(exc, engine_errors.ConcurrentModificationError):
         return 409
     if isinstance(exc, (engine_errors.MergeSpecError, engine_errors.SourceError, engine_errors.MultipleMatchError,
-                        engine_errors.DataCastError)):
+                        engine_errors.DataCastError, engine_errors.InvariantViolationError)):
         return 422
     if isinstance(exc, engine_errors.SparkUnavailableError):
         return 503

@@ -3,7 +3,10 @@ can keep catching by kind."""
 
 from __future__ import annotations
 
-from engine.errors import ConcurrentModificationError, DeltaError, SchemaMismatchError
+from engine.errors import ConcurrentModificationError, DeltaError, InvariantViolationError, SchemaMismatchError
+
+__all__ = ["CommitRetriesExhaustedError", "CorruptLogError", "InvalidWriteError", "InvariantViolationError",
+           "WriteSchemaMismatchError"]
 
 
 class InvalidWriteError(DeltaError):
@@ -14,12 +17,6 @@ class InvalidWriteError(DeltaError):
 
 class WriteSchemaMismatchError(SchemaMismatchError):
     """The DataFrame to write does not have the table's columns and types."""
-
-
-class InvariantViolationError(DeltaError):
-    """A value breaks a rule the table declares (Delta's NOT NULL column constraint)."""
-
-    title = "Table constraint violated"
 
 
 class CommitRetriesExhaustedError(ConcurrentModificationError):

@@ -1,9 +1,10 @@
 """The protocol gate: which tables this layer may read and write (PROTOCOL.md "Table Features").
 
 The rule: never write a table whose rules we would break. A feature is accepted when we implement it
-(appendOnly, changeDataFeed, timestampNtz) or when the table does not actually use it (a legacy protocol
-version implies invariants, CHECK constraints, generated and identity columns, column mapping: those are
-refused only when the schema or properties use them). Unknown features are refused.
+(appendOnly, changeDataFeed, timestampNtz, and the row rules of invariants and checkConstraints, which every
+write enforces: see ``constraints``) or when the table does not actually use it (a legacy protocol version
+implies generated and identity columns and column mapping: those are refused only when the schema or
+properties use them). Unknown features are refused.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from engine.delta.actions import Metadata, Protocol
+from engine.delta.constraints import table_constraints
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
-IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz"})
+IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz", "invariants", "checkConstraints"})
 """Features whose rules this layer follows."""
 
 USE_CHECKED_FEATURES = frozenset(
-    {"invariants", "checkConstraints", "generatedColumns", "identityColumns", "columnMapping", "deletionVectors"}
+    {"generatedColumns", "identityColumns", "columnMapping", "deletionVectors"}
 )
 """Features accepted while the table does not use them (checked against metadata and files)."""
 
@@ -154,6 +156,7 @@ def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, has_d
         raise UnsupportedTableFeatureError(
             f"Table protocol requires Delta feature {feature!r}, which this engine does not implement{suffix}"
         )
+    table_constraints(metadata)  # refuses row rules it cannot enforce
 
 
 def check_supported(snapshot: Any) -> None:

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddCDCFile, AddFile, parse_schema
+from engine.delta.constraints import Constraint, table_constraints
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
 from engine.delta.paths import encode_log_path, parse_partition_dir
 from engine.delta.snapshot import Snapshot
@@ -33,6 +34,8 @@ CDC_PARTITION_COL = "__is_cdc"
 CDC_RESERVED_COLUMNS = (CHANGE_TYPE_COL, "_commit_version", "_commit_timestamp")
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 NOT_NULL_MARKER = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
+CHECK_MARKER = "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES"
+LENGTH_MARKER = "DELTA_EXCEED_CHAR_VARCHAR_LIMIT"
 
 _WRITE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,200}$")
 
@@ -75,9 +78,32 @@ def _not_null_checks(column: Column, dtype: T.DataType, path: str, guard: Column
     return checks
 
 
-def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField] = ()) -> DataFrame:
+def _shown(value: Column) -> Column:
+    return F.coalesce(value.cast("string"), F.lit("null"))
+
+
+def _violation(constraint: Constraint) -> tuple[Column, Column]:
+    """(the row breaks it, the error Delta raises for it): NULL breaks it as false does."""
+    broken = ~F.coalesce(F.expr(constraint.expression), F.lit(False))
+    values = [F.col(".".join("`" + p.replace("`", "``") + "`" for p in path)) for path in constraint.columns]
+    if constraint.kind == "length":
+        message = F.concat(F.lit(f'[{LENGTH_MARKER}] Value "'), *[_shown(v) for v in values[:1]],
+                           F.lit(f'" exceeds char/varchar type length limitation. Failed check: {constraint.shown}.'))
+    else:
+        lines = sorted(zip((".".join(p) for p in constraint.columns), values, strict=True), key=lambda c: c[0])
+        message = F.concat(
+            F.lit(f"[{CHECK_MARKER}] CHECK constraint {constraint.name} {constraint.shown} violated by row with "
+                  "values:"),
+            *[part for name, value in lines for part in (F.lit(f"\n - {name} : "), _shown(value))],
+        )
+    return broken, message
+
+
+def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField] = (),
+             constraints: Sequence[Constraint] = (), checked_rows: Column | None = None) -> DataFrame:
     """``df`` with exactly the target's columns in table order under the table's names, types checked, and
-    Delta's NOT NULL constraints enforced while Spark writes (an error, never a silent NULL)."""
+    Delta's constraints enforced while Spark writes (an error, never a silent NULL or a skipped row): CHECK
+    constraints, NOT NULL, column invariants and CHAR/VARCHAR lengths, in Delta's order, on ``checked_rows``."""
     by_name = {f.name.lower(): f for f in df.schema.fields}
     wanted = [*target.fields, *extra]
     problems = []
@@ -96,17 +122,20 @@ def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField]
 
     columns = [F.col(f"`{by_name[f.name.lower()].name}`").alias(f.name) for f in wanted]
     out = df.select(*columns)
-    checks: list[tuple[Column, str]] = []
+    not_null: list[tuple[Column, Column]] = []
     for f in target.fields:
         column = F.col(f"`{f.name}`")
-        if not f.nullable:
-            checks.append((column.isNull(), f.name))
-        checks.extend(_not_null_checks(column, f.dataType, f.name, None))
+        paths = [(column.isNull(), f.name)] if not f.nullable else []
+        paths += _not_null_checks(column, f.dataType, f.name, None)
+        not_null += [(cond, F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}"))
+                     for cond, path in paths]
+    checks = [*[_violation(c) for c in constraints if c.kind == "check"], *not_null,
+              *[_violation(c) for c in constraints if c.kind != "check"]]
     if checks:
         condition: Any = F
-        for cond, path in checks:
-            message = F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}")
-            condition = condition.when(cond, F.raise_error(message))
+        for broken, message in checks:
+            condition = condition.when(broken if checked_rows is None else checked_rows & broken,
+                                       F.raise_error(message))
         out = out.where(condition.otherwise(F.lit(True)))
     return out
 
@@ -135,12 +164,23 @@ def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: 
     try:
         writer.save("file:" + out_dir)
     except Exception as exc:
-        if NOT_NULL_MARKER in str(exc):
-            path = re.search(r"violated for column: ([^\s\"']+)", str(exc))
+        text = str(exc)
+        if NOT_NULL_MARKER in text:
+            path = re.search(r"violated for column: ([^\s\"']+)", text)
             raise InvariantViolationError(
                 f"NOT NULL constraint violated for column: {path.group(1) if path else '?'}"
             ) from exc
+        for marker in (CHECK_MARKER, LENGTH_MARKER):
+            if marker in text:
+                raise InvariantViolationError(_raised_message(text, marker)) from exc
         raise
+
+
+def _raised_message(text: str, marker: str) -> str:
+    """The message a violation raised, out of the text of Spark's error (its class and state cut off)."""
+    message = text[text.index(marker) - 1:]
+    end = re.search(r"\s*SQLSTATE: \w+|\n\s*\n|\nJVM stacktrace:", message)
+    return message[:end.start()] if end else message
 
 
 def _list_written(root: str, rel_dir: str, partition_types: dict[str, T.DataType], session_tz: str
@@ -227,7 +267,7 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
     target = _resolve_schema(snapshot, schema)
     parts = _partition_types(target, snapshot.partition_columns if partition_columns is None
                              else partition_columns)
-    conformed = _conform(df, target)
+    conformed = _conform(df, target, constraints=table_constraints(snapshot.metadata))
     out_dir = os.path.join(snapshot.root, write_id)
     _check_fresh(out_dir)
     try:
@@ -251,7 +291,10 @@ def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snaps
     target = _resolve_schema(snapshot, schema)
     check_no_reserved_cdc_columns(target)
     parts = _partition_types(target, snapshot.partition_columns)
-    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)])
+    # Change rows hold table rows as they were or as the data rows hold them: only the data rows are checked.
+    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)],
+                         constraints=table_constraints(snapshot.metadata),
+                         checked_rows=F.col(CHANGE_TYPE_COL).isNull())
     split = conformed.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
     cdc_rel = f"{CHANGE_DATA_DIR}/{write_id}"
     out_dir = os.path.join(snapshot.root, write_id)

@@ -138,3 +138,26 @@ def test_invalid_body_is_422_problem_naming_the_field(service: dict[str, Any]) -
     problem = response.json()
     assert problem["status"] == 422
     assert "when_matched" in str(problem)
+
+
+def test_a_broken_check_constraint_fails_the_job_and_keeps_the_table(service: dict[str, Any]) -> None:
+    base, lake = service["base"], service["lake"]
+    table = lake / "balances"
+    write_deltalake(str(table), pa.table({"id": pa.array([1, 2], pa.int64()), "balance": pa.array([5, 9], pa.int64())}))
+    DeltaTable(str(table)).alter.add_constraint({"balance_nonneg": "balance >= 0"})
+    body = {"target": str(table), "source": {"rows": [{"id": 2, "delta": -4}, {"id": 1, "delta": -6}],
+                                             "schema": "id BIGINT, delta BIGINT"},
+            "on": "target.id = source.id",
+            "when_matched": [{"action": "update", "set": {"balance": "target.balance + source.delta"}}]}
+    job = wait_for(base, httpx.post(f"{base}/merges", json=body, timeout=10).json()["id"])
+    assert job["status"] == "failed"
+    assert job["error"]["type"] == "urn:merge-service:problem:invariant-violation"
+    assert job["error"]["status"] == 422
+    assert job["error"]["detail"] == ("[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint balance_nonneg "
+                                      "(balance >= 0) violated by row with values:\n - balance : -1")
+    assert job["table_version"] is None
+    assert DeltaTable(str(table)).version() == 1  # the constraint's own commit; the merge added none
+    body["source"]["rows"] = [{"id": 2, "delta": -4}]
+    job = wait_for(base, httpx.post(f"{base}/merges", json=body, timeout=10).json()["id"])
+    assert job["status"] == "succeeded", job
+    assert DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict() == {"id": [1, 2], "balance": [5, 5]}

@@ -12,13 +12,14 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from engine import AppTransaction, MergeSpec, RowsSource, parse_merge_sql, run_merge
+from engine.delta.errors import InvariantViolationError
 from engine.errors import (
     DataCastError,
     MergeResolutionError,
     MergeSpecError,
     SchemaMismatchError,
 )
-from tests.engine.harness import clause, make_spec, rows, write_table
+from tests.engine.harness import FindPlan, clause, find_plan, make_spec, oracle_merge, rows, write_table
 from tests.engine.test_merge import SOURCE, TARGET
 
 UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
@@ -225,3 +226,47 @@ def test_partitioned_delta_source(spark: SparkSession, tmp_path: Path) -> None:
     result = run_merge(spark, spec)
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
     assert rows(target, ["id", "v"]) == [(1, "a"), (2, "Bx"), (3, "Cy"), (4, "d"), (5, "-")]
+
+
+CONSTRAINED = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "amount": pa.array([10, 20, 30, 40], pa.int64())})
+
+
+def _constrained(path: Path, configuration: dict[str, str] | None = None) -> Path:
+    write_table(path, CONSTRAINED, configuration=configuration)
+    DeltaTable(str(path)).alter.add_constraint({"amount_pos": "amount > 0"})
+    return path
+
+
+@pytest.mark.parametrize("plan", ["source_keys", "single_pass"])
+def test_check_constraints_hold_as_in_deltalake(spark: SparkSession, tmp_path: Path, plan: FindPlan) -> None:
+    ours = _constrained(tmp_path / "ours")
+    theirs = _constrained(tmp_path / "theirs")
+    source_data = pa.table({"id": pa.array([2, 5], pa.int64()), "amount": pa.array([7, 8], pa.int64())})
+    source = write_table(tmp_path / "s", source_data)
+    with find_plan(plan):
+        result = run_merge(spark, make_spec(ours, source, "t.id = s.id", UPSERT))
+    assert result.result == {**oracle_merge(theirs, source_data, "t.id = s.id", UPSERT), "num_affected_rows": 2}
+    assert rows(ours) == rows(theirs)
+
+
+@pytest.mark.parametrize(("clauses", "values"), [
+    ([clause("matched", "update", amount="t.amount - 25")], " - amount : -5"),
+    ([clause("notMatched", "insert", id="s.id", amount="CAST(NULL AS BIGINT)")], " - amount : null"),
+    ([clause("notMatchedBySource", "update", "t.id = 4", amount="0")], " - amount : 0"),
+])
+@pytest.mark.parametrize("cdf", [False, True])
+def test_a_broken_check_constraint_fails_the_merge(spark: SparkSession, tmp_path: Path, clauses: list,
+                                                  values: str, cdf: bool) -> None:
+    configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    target = _constrained(tmp_path / "t", configuration)
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2, 5], pa.int64()),
+                                                   "amount": pa.array([7, 8], pa.int64())}))
+    before = files_under(target)
+    version = DeltaTable(str(target)).version()
+    with pytest.raises(InvariantViolationError) as raised:
+        run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
+    assert str(raised.value).startswith(
+        "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0) violated by row with values:")
+    assert values in str(raised.value)
+    assert DeltaTable(str(target)).version() == version and files_under(target) == before
+    assert rows(target) == [(1, 10), (2, 20), (3, 30), (4, 40)]

@@ -28,7 +28,7 @@ from engine.delta import (
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
 from engine.delta.stats import truncate_max_string, truncate_min_string
 
-from .util import sorted_rows
+from .util import sorted_rows, write_log_entry
 
 UTC = dt.UTC
 
@@ -177,6 +177,55 @@ def test_not_null_columns_are_enforced(spark: SparkSession, lake: Path) -> None:
     with pytest.raises(InvariantViolationError, match=r"s\.x"):
         write_data_files(spark, bad_nested, snapshot, write_id="bad2")
     assert not (table / "bad1").exists() and not (table / "bad2").exists()
+
+
+def _hand_made_table(path: Path, fields: list[dict[str, Any]], configuration: dict[str, str]) -> Path:
+    """A table as Delta on Spark leaves it (field metadata deltalake cannot write), with no files yet."""
+    write_log_entry(path, 0, [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 3}},
+        {"metaData": {"id": "c0ffee00-0000-4000-8000-000000000000", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps({"type": "struct", "fields": fields}), "partitionColumns": [],
+                      "configuration": configuration, "createdTime": 0}},
+    ])
+    return path
+
+
+def test_check_constraints_invariants_and_lengths_are_enforced(spark: SparkSession, lake: Path) -> None:
+    fields = [
+        {"name": "id", "type": "long", "nullable": True,
+         "metadata": {"delta.invariants": json.dumps({"expression": {"expression": "id < 100"}})}},
+        {"name": "Amount", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "code", "type": "string", "nullable": True, "metadata": {"__CHAR_VARCHAR_TYPE_STRING": "varchar(3)"}},
+    ]
+    table = _hand_made_table(lake / "rules", fields, {"delta.constraints.amount_pos": "amount > 0 AND id > 0"})
+    snapshot = load_snapshot(str(table))
+    ok = spark.sql("SELECT 1L AS id, 5L AS amount, 'abc' AS code UNION ALL SELECT 2L, 1L, NULL")
+    assert sum(a.stats.num_records for a in write_data_files(spark, ok, snapshot, write_id="ok") if a.stats) == 2
+    cases = [
+        ("SELECT 3L AS id, -1L AS amount, 'a' AS code",
+         "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0 AND id > 0) violated by row "
+         "with values:\n - Amount : -1\n - id : 3"),
+        # NULL breaks a CHECK constraint as false does.
+        ("SELECT 3L AS id, CAST(NULL AS BIGINT) AS amount, 'a' AS code", "- Amount : null\n - id : 3"),
+        ("SELECT 300L AS id, 1L AS amount, 'a' AS code",
+         "CHECK constraint EXPRESSION(id < 100) (id < 100) violated by row with values:\n - id : 300"),
+        ("SELECT 4L AS id, 1L AS amount, 'abcd' AS code",
+         '[DELTA_EXCEED_CHAR_VARCHAR_LIMIT] Value "abcd" exceeds char/varchar type length limitation. '
+         "Failed check: ((code IS NULL) OR (length(code) <= 3))."),
+    ]
+    for i, (query, message) in enumerate(cases):
+        with pytest.raises(InvariantViolationError) as raised:
+            write_data_files(spark, spark.sql(query), snapshot, write_id=f"bad{i}")
+        assert message in str(raised.value)
+        assert "SQLSTATE" not in str(raised.value) and not (table / f"bad{i}").exists()
+    # Change rows are not table rows: only the data rows of a CDF write are checked.
+    rows = spark.sql("SELECT 5L AS id, 1L AS amount, 'a' AS code, CAST(NULL AS STRING) AS _change_type UNION ALL "
+                     "SELECT 6L, -1L, 'long', 'update_preimage'")
+    adds, cdcs = write_data_and_cdc_files(spark, rows, snapshot, write_id="cdf")
+    assert len(adds) == 1 and len(cdcs) == 1
+    bad = spark.sql("SELECT 5L AS id, -1L AS amount, 'a' AS code, CAST(NULL AS STRING) AS _change_type")
+    with pytest.raises(InvariantViolationError, match="amount_pos"):
+        write_data_and_cdc_files(spark, bad, snapshot, write_id="cdf-bad")
 
 
 def test_schema_checks_and_write_ids(spark: SparkSession, lake: Path) -> None:

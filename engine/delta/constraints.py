@@ -1,0 +1,130 @@
+"""The rules a Delta table declares for every row written to it, besides NOT NULL (PROTOCOL.md "Column
+Invariants" and "CHECK Constraints"; Delta's ``Constraints.getAll``): CHECK constraints in the table properties
+(``delta.constraints.<name>``), legacy column invariants in the schema's field metadata (``delta.invariants``),
+and the length limits of CHAR/VARCHAR columns that Delta on Spark records as field metadata. Each is a Spark
+SQL predicate over the table's columns; a row passes only when it is true (NULL fails, as in Delta).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from engine.delta.actions import Metadata
+from engine.errors import UnsupportedTableFeatureError
+
+CHECK_PREFIX = "delta.constraints."
+INVARIANTS_KEY = "delta.invariants"
+CHAR_VARCHAR_KEY = "__CHAR_VARCHAR_TYPE_STRING"
+CHAR_VARCHAR_CHECK_NAME = "__CHAR_VARCHAR_STRING_LENGTH_CHECK__"
+_LENGTH_TYPE = re.compile(r"^\s*(?:var)?char\s*\(\s*(\d+)\s*\)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    kind: str
+    """``check`` (a table property), ``invariant`` (column metadata) or ``length`` (CHAR/VARCHAR)."""
+    name: str
+    expression: str
+    """A Spark SQL predicate over the table's columns."""
+    columns: tuple[tuple[str, ...], ...] = ()
+    """The column paths the predicate reads, whose values a violation reports."""
+    shown: str = ""
+    """The predicate as a violation names it."""
+
+
+def _quoted(path: tuple[str, ...]) -> str:
+    return ".".join("`" + part.replace("`", "``") + "`" for part in path)
+
+
+def referenced_columns(expression: str, schema_json: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """The table columns (as paths, spelled as the schema spells them) an expression reads, in order of first
+    use; empty when sqlglot cannot read the expression (Spark still evaluates it)."""
+    try:
+        parsed = sqlglot.parse_one(expression, read="spark")
+    except SqlglotError:
+        return ()
+    top_level = {f["name"].lower(): f for f in schema_json.get("fields", [])}
+    found: list[tuple[str, ...]] = []
+    for column in parsed.find_all(exp.Column):
+        parts = [p.name for p in column.parts]
+        field = top_level.get(parts[0].lower()) if parts else None
+        if field is None:
+            continue
+        path = [field["name"]]
+        dtype = field.get("type")
+        for part in parts[1:]:
+            children = dtype.get("fields", []) if isinstance(dtype, Mapping) and dtype.get("type") == "struct" else []
+            child = next((c for c in children if c["name"].lower() == part.lower()), None)
+            if child is None:
+                break
+            path.append(child["name"])
+            dtype = child.get("type")
+        if tuple(path) not in found:
+            found.append(tuple(path))
+    return tuple(found)
+
+
+def _fields(schema_json: Mapping[str, Any], prefix: tuple[str, ...] = ()
+            ) -> Iterator[tuple[tuple[str, ...], Mapping[str, Any]]]:
+    """Every field reached through structs only (Delta does not look into arrays and maps for invariants)."""
+    for f in schema_json.get("fields", []):
+        path = (*prefix, f["name"])
+        yield path, f
+        dtype = f.get("type")
+        if isinstance(dtype, Mapping) and dtype.get("type") == "struct":
+            yield from _fields(dtype, path)
+
+
+def _invariant_expression(path: tuple[str, ...], raw: Any) -> str:
+    try:
+        rule = json.loads(raw) if isinstance(raw, str) else raw
+        text = rule["expression"]["expression"]
+    except (ValueError, KeyError, TypeError):
+        text = None
+    if not isinstance(text, str) or not text.strip():
+        raise UnsupportedTableFeatureError(
+            f"Column {'.'.join(path)!r} has an invariant this engine does not recognize: {raw!r}"
+        )
+    return text
+
+
+def table_constraints(metadata: Metadata) -> list[Constraint]:
+    """Every row rule of the table other than NOT NULL, as Delta's writers enforce them."""
+    try:
+        schema_json = json.loads(metadata.schema_string)
+    except ValueError:
+        schema_json = {}
+    constraints = []
+    for key, text in sorted(metadata.configuration.items()):
+        if key.lower().startswith(CHECK_PREFIX):
+            expression = str(text)
+            constraints.append(Constraint("check", key[len(CHECK_PREFIX):], expression,
+                                          referenced_columns(expression, schema_json), f"({expression})"))
+    for path, f in _fields(schema_json):
+        meta = f.get("metadata") or {}
+        if INVARIANTS_KEY in meta:
+            expression = _invariant_expression(path, meta[INVARIANTS_KEY])
+            constraints.append(Constraint("invariant", f"EXPRESSION({expression})", expression,
+                                          referenced_columns(expression, schema_json), f"({expression})"))
+        raw_type = meta.get(CHAR_VARCHAR_KEY)
+        if raw_type is None:
+            continue
+        length = _LENGTH_TYPE.match(str(raw_type))
+        if length is None:
+            raise UnsupportedTableFeatureError(
+                f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
+                "not supported"
+            )
+        column, limit, name = _quoted(path), int(length.group(1)), ".".join(path)
+        constraints.append(Constraint("length", CHAR_VARCHAR_CHECK_NAME,
+                                      f"{column} IS NULL OR length({column}) <= {limit}", (path,),
+                                      f"(({name} IS NULL) OR (length({name}) <= {limit}))"))
+    return constraints
