@@ -24,7 +24,7 @@ IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz"
 """Features whose rules this layer follows."""
 
 USE_CHECKED_FEATURES = frozenset(
-    {"generatedColumns", "identityColumns", "columnMapping", "deletionVectors"}
+    {"generatedColumns", "identityColumns", "columnMapping", "deletionVectors", "variantType"}
 )
 """Features accepted while the table does not use them (checked against metadata and files)."""
 
@@ -65,8 +65,8 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     mode = str(config.get("delta.columnMapping.mode", "none")).strip().lower()
     if mode not in ("", "none"):
         used["columnMapping"] = f"delta.columnMapping.mode = {mode}"
-    if _is_true(config, "delta.enableDeletionVectors"):
-        used["deletionVectors"] = "delta.enableDeletionVectors = true"
+    # delta.enableDeletionVectors only allows writers to mark rows deleted; this layer rewrites files instead,
+    # which the protocol allows. Files that carry deletion vectors are what it cannot read (check_supported).
     for key, feature in (
         ("delta.enableRowTracking", "rowTracking"),
         ("delta.enableInCommitTimestamps", "inCommitTimestamp"),

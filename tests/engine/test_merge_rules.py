@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -270,3 +271,26 @@ def test_a_broken_check_constraint_fails_the_merge(spark: SparkSession, tmp_path
     assert values in str(raised.value)
     assert DeltaTable(str(target)).version() == version and files_under(target) == before
     assert rows(target) == [(1, 10), (2, 20), (3, 30), (4, 40)]
+
+
+def test_a_table_that_allows_deletion_vectors_is_merged_by_rewriting_files(spark: SparkSession,
+                                                                            tmp_path: Path) -> None:
+    """delta.enableDeletionVectors lets writers mark rows deleted; rewriting files instead is what Delta's
+    protocol allows any writer, and deltalake does the same."""
+    dv = {"delta.enableDeletionVectors": "true"}
+    ours = write_table(tmp_path / "ours", TARGET, configuration=dv)
+    theirs = write_table(tmp_path / "theirs", TARGET, configuration=dv)
+    source = write_table(tmp_path / "s", SOURCE)
+    clauses = [clause("matched", "delete", "s.n IS NULL"), *UPSERT]
+    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses))
+    expected = oracle_merge(theirs, SOURCE, "t.id = s.id", clauses)
+    assert {k: result.result[k] for k in expected} == expected
+
+    def live_rows(path: Path) -> list[tuple]:
+        # deltalake's readers refuse the deletionVectors reader feature; its log replay does not.
+        table = pa.concat_tables([pq.read_table(uri) for uri in DeltaTable(str(path)).file_uris()])
+        return sorted(zip(*[table.column(n).to_pylist() for n in ("id", "v", "n")], strict=True))
+
+    assert live_rows(ours) == live_rows(theirs) == [(1, "a", 10), (2, "B", 200), (4, "d", None), (5, "E", 500)]
+    log = (ours / "_delta_log" / "00000000000000000001.json").read_text()
+    assert '"remove"' in log and "deletionVector" not in log

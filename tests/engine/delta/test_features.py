@@ -68,7 +68,9 @@ def test_tables_deltalake_makes(lake: Path) -> None:
 
     dv = str(lake / "dv")
     write_deltalake(dv, DATA, configuration={"delta.enableDeletionVectors": "true"})
-    _refused(dv, "deletionVectors")
+    snapshot = load_snapshot(dv)
+    assert "deletionVectors" in (snapshot.protocol.writer_features or ())
+    check_supported(snapshot)  # allowed, not used: no file carries one (test_deletion_vectors_on_files_are_refused)
     mapping = str(lake / "mapping")
     write_deltalake(mapping, DATA, configuration={"delta.columnMapping.mode": "name"})
     _refused(mapping, "columnMapping")
@@ -89,11 +91,20 @@ def test_append_only(lake: Path) -> None:
 
 @pytest.mark.parametrize("feature", [
     "rowTracking", "domainMetadata", "inCommitTimestamp", "clustering", "icebergCompatV2", "vacuumProtocolCheck",
-    "v2Checkpoint", "typeWidening", "variantType", "allowColumnDefaults", "someFutureFeature",
+    "v2Checkpoint", "typeWidening", "allowColumnDefaults", "someFutureFeature",
 ])
 def test_features_we_do_not_implement(lake: Path, feature: str) -> None:
-    readers = (feature,) if feature in ("v2Checkpoint", "typeWidening", "variantType", "vacuumProtocolCheck") else ()
+    readers = (feature,) if feature in ("v2Checkpoint", "typeWidening", "vacuumProtocolCheck") else ()
     _refused(_hand_made(lake, _features("appendOnly", feature, reader=readers)), feature)
+
+
+def test_variant_type_is_refused_only_when_a_column_is_a_variant(lake: Path) -> None:
+    """deltalake enables variantType on the tables it creates with table features, VARIANT column or not."""
+    features = _features("variantType", reader=("variantType",))
+    check_supported(load_snapshot(_hand_made(lake, features)))
+    schema = json.dumps({"type": "struct", "fields": [{"name": "v", "type": "variant", "nullable": True,
+                                                       "metadata": {}}]})
+    _refused(_hand_made(lake, features, schema=schema), "variantType")
 
 
 def test_legacy_protocols_imply_features_only_used_ones_refused(lake: Path) -> None:
