@@ -62,6 +62,59 @@ def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
     return False
 
 
+def _field_names(struct: StructType) -> list[str]:
+    return [f.name.lower() for f in struct.fields]
+
+
+def needs_struct_by_name(source: DataType, target: DataType) -> bool:
+    """Whether a positional cast would pair the wrong fields: some struct (or struct in an array) in ``source``
+    names its fields otherwise, or in another order, than the target's."""
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        if _field_names(source) != _field_names(target):
+            return True
+        return any(needs_struct_by_name(a.dataType, b.dataType)
+                   for a, b in zip(source.fields, target.fields, strict=True))
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return needs_struct_by_name(source.elementType, target.elementType)
+    return False
+
+
+def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missing: bool, where: str,
+                   depth: int = 0) -> str:
+    """SQL that stores ``text`` (of type ``source``) into ``target`` pairing struct fields by name, as Delta's
+    MERGE does (resolveMergeUpdateStructsByName): every source field must exist in the target, and a target
+    field the source lacks is NULL only under schema evolution. Leaves keep ANSI store assignment."""
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        by_name = {f.name.lower(): f for f in source.fields}
+        target_names = set(_field_names(target))
+        missing = [f for f in target.fields if f.name.lower() not in by_name]
+        if any(name not in target_names for name in by_name) or (missing and not allow_missing):
+            raise MergeResolutionError(
+                f"{where}: Cannot cast {source.simpleString()} to {target.simpleString()}. All nested columns must "
+                "match."
+            )
+        parts = []
+        for f in target.fields:
+            sf = by_name.get(f.name.lower())
+            value = "NULL" if sf is None else struct_by_name(
+                f"({text}).{quote_identifier(sf.name)}", sf.dataType, f.dataType, allow_missing=allow_missing,
+                where=where, depth=depth + 1)
+            name = f.name.replace("\\", "\\\\").replace("'", "\\'")
+            parts.append(f"'{name}', CAST({value} AS {f.dataType.simpleString()})")
+        return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
+        element = f"_element_{depth}_"
+        inner = struct_by_name(element, source.elementType, target.elementType, allow_missing=allow_missing,
+                               where=where, depth=depth + 1)
+        return f"transform({text}, {element} -> {inner})"
+    if source != target and not can_ansi_store_assign(source, target):
+        raise MergeResolutionError(
+            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store "
+            "assignment."
+        )
+    return text
+
+
 @dataclass
 class ResolvedClause:
     """A clause ready for output generation: its condition and one value per target output column."""
@@ -189,6 +242,16 @@ class Resolver:
             if existing is None:
                 fields.append(StructField(f.name, f.dataType, True))
                 new.append(f.name)
+            elif needs_struct_by_name(f.dataType, existing.dataType):
+                try:
+                    struct_by_name(quote_identifier(f.name), f.dataType, existing.dataType, allow_missing=True,
+                                   where=f"column {existing.name}")
+                except MergeResolutionError as exc:
+                    raise SchemaMismatchError(
+                        f"Failed to merge fields '{existing.name}' and '{f.name}': schema evolution adds top-level "
+                        f"columns only, not fields inside {existing.dataType.simpleString()} "
+                        f"(source {f.dataType.simpleString()}). {exc}"
+                    ) from None
             elif existing.dataType != f.dataType and not can_ansi_store_assign(f.dataType, existing.dataType):
                 raise SchemaMismatchError(
                     f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
@@ -266,6 +329,10 @@ class Resolver:
         if values is not None:
             columns = []
             for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
+                if check and needs_struct_by_name(vtype, f.dataType):
+                    text = struct_by_name(text, vtype, f.dataType, allow_missing=self.spec.schema_evolution,
+                                          where=f"{where} column {f.name}")
+                    vtype = f.dataType
                 column = F.expr(text)
                 if vtype != f.dataType:
                     if check and not can_ansi_store_assign(vtype, f.dataType):

@@ -294,3 +294,71 @@ def test_a_table_that_allows_deletion_vectors_is_merged_by_rewriting_files(spark
     assert live_rows(ours) == live_rows(theirs) == [(1, "a", 10), (2, "B", 200), (4, "d", None), (5, "E", 500)]
     log = (ours / "_delta_log" / "00000000000000000001.json").read_text()
     assert '"remove"' in log and "deletionVector" not in log
+
+
+INNER = pa.struct([("x", pa.int32()), ("y", pa.string())])
+NESTED = pa.struct([("a", pa.int64()), ("b", pa.int64()), ("inner", INNER)])
+
+
+def _nested_target(path: Path) -> Path:
+    return write_table(path, pa.table({
+        "id": pa.array([1, 2], pa.int64()),
+        "s": pa.array([{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED),
+        "arr": pa.array([[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))),
+    }))
+
+
+def test_structs_are_assigned_by_field_name_as_delta_does(spark: SparkSession, tmp_path: Path) -> None:
+    """A positional cast would swap a and b (same types): Delta pairs struct fields by name, at any depth."""
+    reordered = pa.struct([("inner", pa.struct([("y", pa.string()), ("x", pa.int32())])), ("b", pa.int64()),
+                           ("a", pa.int64())])
+    source_data = pa.table({
+        "arr": pa.array([[{"q": 20, "p": 10}], [{"q": 30, "p": 3}, None]],
+                        pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64())]))),
+        "s": pa.array([{"inner": {"y": "new", "x": 7}, "b": 200, "a": 2}, {"inner": None, "b": 300, "a": 3}],
+                      reordered),
+        "id": pa.array([2, 3], pa.int64()),
+    })
+    source = write_table(tmp_path / "s", source_data)
+    ours = _nested_target(tmp_path / "ours")
+    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", UPSERT))
+    assert result.result["num_updated_rows"] == 1 and result.result["num_inserted_rows"] == 1
+    assert DeltaTable(str(ours)).to_pyarrow_table().sort_by("id").to_pylist() == [
+        {"id": 1, "s": {"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, "arr": [{"p": 1, "q": 2}]},
+        {"id": 2, "s": {"a": 2, "b": 200, "inner": {"x": 7, "y": "new"}}, "arr": [{"p": 10, "q": 20}]},
+        {"id": 3, "s": {"a": 3, "b": 300, "inner": None}, "arr": [{"p": 3, "q": 30}, None]},
+    ]
+    # deltalake pairs them by name as well.
+    theirs = _nested_target(tmp_path / "theirs")
+    oracle_merge(theirs, source_data.select(["id", "s"]), "t.id = s.id", [clause("matched", "update", s="s.s")])
+    explicit = _nested_target(tmp_path / "explicit")
+    run_merge(spark, make_spec(explicit, source, "t.id = s.id", [clause("matched", "update", s="s.s")]))
+    assert rows(explicit, ["id", "s"]) == rows(theirs, ["id", "s"])
+
+
+@pytest.mark.parametrize("evolution", [False, True])
+def test_struct_fields_must_match_by_name(spark: SparkSession, tmp_path: Path, evolution: bool) -> None:
+    target = _nested_target(tmp_path / "t")
+    before = files_under(target)
+    lacking = pa.struct([("b", pa.int64()), ("a", pa.int64())])
+    source = write_table(tmp_path / "lacking", pa.table({
+        "id": pa.array([2], pa.int64()), "s": pa.array([{"b": 5, "a": 6}], lacking)}))
+    update = [clause("matched", "update", s="s.s")]
+    if evolution:
+        # A field the source lacks is NULL under schema evolution.
+        run_merge(spark, make_spec(target, source, "t.id = s.id", update, schema_evolution=True))
+        assert DeltaTable(str(target)).to_pyarrow_table().sort_by("id").column("s").to_pylist()[1] == {
+            "a": 6, "b": 5, "inner": None}
+    else:
+        with pytest.raises(MergeResolutionError, match="All nested columns must match"):
+            run_merge(spark, make_spec(target, source, "t.id = s.id", update))
+        unchanged(target, before)
+    extra = pa.struct([("a", pa.int64()), ("b", pa.int64()), ("inner", INNER), ("c", pa.int64())])
+    source = write_table(tmp_path / "extra", pa.table({
+        "id": pa.array([2], pa.int64()), "s": pa.array([{"a": 1, "b": 2, "inner": None, "c": 3}], extra)}))
+    version = DeltaTable(str(target)).version()
+    # Schema evolution adds top-level columns only: a new field inside a struct is refused, never dropped.
+    clauses = [clause("matched", "update_all")] if evolution else update
+    with pytest.raises(SchemaMismatchError if evolution else MergeResolutionError, match="nested columns"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", clauses, schema_evolution=evolution))
+    assert DeltaTable(str(target)).version() == version
