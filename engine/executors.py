@@ -553,7 +553,8 @@ class ClassicMergeExecutor:
         clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
         joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
-        tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing)
+        tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing,
+                                  ctx.resolved.target_values)
         output_cols = generate_write_all_changes_output_cols(
             tcols, ctx.output_names, ctx.resolved.matched, ctx.resolved.not_matched,
             ctx.resolved.not_matched_by_source, lookups, cdc=cdc,

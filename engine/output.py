@@ -8,7 +8,7 @@ counts the rows of every kind in the same pass as the write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -82,11 +82,15 @@ def generate_precomputed_conditions_and_df(
     return df.select("*", *columns), lookups
 
 
-def target_write_cols(fields: Sequence[StructField], target_alias: str, existing: set[str]) -> list[Column]:
-    """The target row as it is (new columns from schema evolution are NULL for existing rows)."""
+def target_write_cols(fields: Sequence[StructField], target_alias: str, existing: set[str],
+                      converted: Mapping[str, str] | None = None) -> list[Column]:
+    """The target row as it is (new columns from schema evolution are NULL for existing rows; ``converted``
+    holds the SQL of the columns whose struct type gained fields)."""
     cols = []
     for f in fields:
-        if f.name.lower() in existing:
+        if converted and f.name.lower() in converted:
+            cols.append(F.expr(converted[f.name.lower()]))
+        elif f.name.lower() in existing:
             cols.append(F.expr(f"{quote_identifier(target_alias)}.{quote_identifier(f.name)}"))
         else:
             cols.append(F.lit(None).cast(f.dataType))

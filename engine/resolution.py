@@ -115,6 +115,26 @@ def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missi
     return text
 
 
+def evolved_type(existing: DataType, source: DataType) -> DataType | None:
+    """``existing`` with the fields the source's structs add appended, at any depth (Delta's schema evolution of
+    nested fields); None when the source adds none."""
+    if isinstance(existing, StructType) and isinstance(source, StructType):
+        by_name = {f.name.lower(): f for f in source.fields}
+        fields, changed = [], False
+        for f in existing.fields:
+            sf = by_name.get(f.name.lower())
+            merged = evolved_type(f.dataType, sf.dataType) if sf is not None else None
+            fields.append(f if merged is None else StructField(f.name, merged, f.nullable, f.metadata))
+            changed = changed or merged is not None
+        known = set(_field_names(existing))
+        added = [StructField(f.name, f.dataType, True) for f in source.fields if f.name.lower() not in known]
+        return StructType(fields + added) if changed or added else None
+    if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
+        element = evolved_type(existing.elementType, source.elementType)
+        return None if element is None else ArrayType(element, existing.containsNull)
+    return None
+
+
 @dataclass
 class ResolvedClause:
     """A clause ready for output generation: its condition and one value per target output column."""
@@ -144,13 +164,16 @@ class ResolvedMerge:
     output_fields: list[StructField]
     """The table schema after the merge: the target's columns, then new columns from schema evolution."""
     new_columns: list[str]
+    target_values: dict[str, str] = field(default_factory=dict)
+    """For columns whose struct type gained fields by schema evolution (lower-case name): the target's value in
+    the new type, as SQL (the new fields NULL)."""
     matched: list[ResolvedClause] = field(default_factory=list)
     not_matched: list[ResolvedClause] = field(default_factory=list)
     not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
 
     @property
     def schema_changed(self) -> bool:
-        return bool(self.new_columns)
+        return bool(self.new_columns or self.target_values)
 
 
 def _qualify(node: exp.Expression, alias: str, other_alias: str, where: str, clause_name: str,
@@ -228,47 +251,56 @@ class Resolver:
                 return f
         return None
 
-    def output_fields(self) -> tuple[list[StructField], list[str]]:
+    def output_fields(self) -> tuple[list[StructField], list[str], dict[str, str]]:
+        """The table schema after the merge, its new top-level columns, and the target's value of each column
+        whose struct type gained fields (SQL, by lower-case name)."""
         fields = list(self.target_schema.fields)
         if not self.spec.schema_evolution:
-            return fields, []
+            return fields, [], {}
         stars = [c for c in self.spec.clauses if isinstance(c.action, (UpdateAction, InsertAction)) and c.action.star]
         if not stars:
-            return fields, []
-        known = {f.name.lower(): f for f in fields}
+            return fields, [], {}
+        position = {f.name.lower(): i for i, f in enumerate(fields)}
         new: list[str] = []
+        target_values: dict[str, str] = {}
         for f in self.source_schema.fields:
-            existing = known.get(f.name.lower())
-            if existing is None:
+            index = position.get(f.name.lower())
+            if index is None:
                 fields.append(StructField(f.name, f.dataType, True))
                 new.append(f.name)
-            elif needs_struct_by_name(f.dataType, existing.dataType):
+                continue
+            existing = fields[index]
+            merged = evolved_type(existing.dataType, f.dataType)
+            if merged is not None:
+                fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)
+                column = f"{quote_identifier(self.t)}.{quote_identifier(existing.name)}"
+                target_values[existing.name.lower()] = struct_by_name(
+                    column, existing.dataType, merged, allow_missing=True, where=f"column {existing.name}")
+            target_type = fields[index].dataType
+            if needs_struct_by_name(f.dataType, target_type):
                 try:
-                    struct_by_name(quote_identifier(f.name), f.dataType, existing.dataType, allow_missing=True,
+                    struct_by_name(quote_identifier(f.name), f.dataType, target_type, allow_missing=True,
                                    where=f"column {existing.name}")
                 except MergeResolutionError as exc:
-                    raise SchemaMismatchError(
-                        f"Failed to merge fields '{existing.name}' and '{f.name}': schema evolution adds top-level "
-                        f"columns only, not fields inside {existing.dataType.simpleString()} "
-                        f"(source {f.dataType.simpleString()}). {exc}"
-                    ) from None
-            elif existing.dataType != f.dataType and not can_ansi_store_assign(f.dataType, existing.dataType):
+                    raise SchemaMismatchError(f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}"
+                                              ) from None
+            elif target_type != f.dataType and not can_ansi_store_assign(f.dataType, target_type):
                 raise SchemaMismatchError(
                     f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
                     f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
                 )
-        return fields, new
+        return fields, new, target_values
 
     # --- the whole merge ---------------------------------------------------------------------------------------
 
     def resolve(self) -> ResolvedMerge:
         spec = self.spec
-        out_fields, new_columns = self.output_fields()
+        out_fields, new_columns, target_values = self.output_fields()
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
             raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
         resolved = ResolvedMerge(on=F.expr(spec.on), on_sql=spec.on, output_fields=out_fields,
-                                 new_columns=new_columns)
+                                 new_columns=new_columns, target_values=target_values)
         for group, target_list in ((spec.matched, resolved.matched), (spec.not_matched, resolved.not_matched),
                                    (spec.not_matched_by_source, resolved.not_matched_by_source)):
             for index, clause in enumerate(group):
@@ -329,8 +361,10 @@ class Resolver:
         if values is not None:
             columns = []
             for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
-                if check and needs_struct_by_name(vtype, f.dataType):
-                    text = struct_by_name(text, vtype, f.dataType, allow_missing=self.spec.schema_evolution,
+                if needs_struct_by_name(vtype, f.dataType):
+                    # A kept target value misses only the fields schema evolution added.
+                    text = struct_by_name(text, vtype, f.dataType,
+                                          allow_missing=self.spec.schema_evolution or not check,
                                           where=f"{where} column {f.name}")
                     vtype = f.dataType
                 column = F.expr(text)

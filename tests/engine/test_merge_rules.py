@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from engine import AppTransaction, MergeSpec, RowsSource, parse_merge_sql, run_merge
+from engine.delta import load_snapshot
 from engine.delta.errors import InvariantViolationError
 from engine.errors import (
     DataCastError,
@@ -357,8 +358,40 @@ def test_struct_fields_must_match_by_name(spark: SparkSession, tmp_path: Path, e
     source = write_table(tmp_path / "extra", pa.table({
         "id": pa.array([2], pa.int64()), "s": pa.array([{"a": 1, "b": 2, "inner": None, "c": 3}], extra)}))
     version = DeltaTable(str(target)).version()
-    # Schema evolution adds top-level columns only: a new field inside a struct is refused, never dropped.
-    clauses = [clause("matched", "update_all")] if evolution else update
-    with pytest.raises(SchemaMismatchError if evolution else MergeResolutionError, match="nested columns"):
-        run_merge(spark, make_spec(target, source, "t.id = s.id", clauses, schema_evolution=evolution))
+    # Without schema evolution a field the table lacks fails the merge; it is never dropped. (With it, the field
+    # is added: test_schema_evolution_adds_nested_fields.)
+    with pytest.raises(MergeResolutionError, match="All nested columns must match"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", update))
     assert DeltaTable(str(target)).version() == version
+
+
+@pytest.mark.parametrize("cdf", [False, True])
+def test_schema_evolution_adds_nested_fields(spark: SparkSession, tmp_path: Path, cdf: bool) -> None:
+    """Delta's schema evolution appends the source's new struct fields, at any depth and inside arrays; rows
+    that keep their value get NULL there."""
+    target = write_table(tmp_path / "t", pa.table({
+        "id": pa.array([1, 2], pa.int64()),
+        "s": pa.array([{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED),
+        "arr": pa.array([[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))),
+    }), configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
+    wider = pa.struct([("b", pa.int64()), ("inner", pa.struct([("z", pa.bool_()), ("x", pa.int32())])),
+                       ("a", pa.int64()), ("c", pa.string())])
+    source = write_table(tmp_path / "s", pa.table({
+        "id": pa.array([2, 3], pa.int64()),
+        "s": pa.array([{"b": 200, "inner": {"z": True, "x": 7}, "a": 2, "c": "new"}, None], wider),
+        "arr": pa.array([[{"q": 20, "p": 10, "r": "x"}], []],
+                        pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64()), ("r", pa.string())]))),
+    }))
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
+    assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (1, 1)
+    table = DeltaTable(str(target))
+    assert load_snapshot(str(target)).spark_schema.simpleString() == (
+        "struct<id:bigint,s:struct<a:bigint,b:bigint,inner:struct<x:int,y:string,z:boolean>,c:string>,"
+        "arr:array<struct<p:bigint,q:bigint,r:string>>>")
+    assert table.to_pyarrow_table().sort_by("id").to_pylist() == [
+        {"id": 1, "s": {"a": 1, "b": 10, "inner": {"x": 1, "y": "p", "z": None}, "c": None},
+         "arr": [{"p": 1, "q": 2, "r": None}]},
+        {"id": 2, "s": {"a": 2, "b": 200, "inner": {"x": 7, "y": None, "z": True}, "c": "new"},
+         "arr": [{"p": 10, "q": 20, "r": "x"}]},
+        {"id": 3, "s": None, "arr": []},
+    ]
