@@ -105,31 +105,41 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
                 field = "set" if isinstance(action, UpdateAction) else "values"
                 if not assignments:
                     raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
-                seen: dict[str, str] = {}
+                seen: dict[tuple[str, ...], str] = {}
                 for column, value in assignments.items():
-                    key = column_key(column, spec.target_alias)
-                    if key in seen:
+                    path = column_path(column, spec.target_alias)
+                    if len(path) > 1 and isinstance(action, InsertAction):
+                        raise MergeSpecError(f"{where}.{field}: Nested field is not supported in the INSERT clause "
+                                             f"of MERGE operation (field = {column}).")
+                    # A column and a field inside it, or one field twice, would each set the same value.
+                    other = next((c for p, c in seen.items() if p[:len(path)] == path or path[:len(p)] == p), None)
+                    if other is not None:
                         kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
                         raise MergeSpecError(
                             f"{where}.{field}: there is a conflict from these SET columns: "
-                            f"{seen[key]!r} and {column!r}; a column may be assigned only once in one {kind}."
+                            f"{other!r} and {column!r}; a column may be assigned only once in one {kind}."
                         )
-                    seen[key] = column
+                    seen[path] = column
                     value_where = f"{where}.{field}.{column}"
                     check_expression(parse_expression(value, value_where), value_where, deterministic=False)
     return spec
 
 
-def column_key(column: str, target_alias: str) -> str:
-    """The target column an assignment names: ``t.amount``, ```amount```, ``AMOUNT`` all name ``amount``."""
+def column_path(column: str, target_alias: str) -> tuple[str, ...]:
+    """The target column (or nested field) an assignment names: ``t.amount``, ```amount```, ``AMOUNT`` all name
+    ``("amount",)``; ``t.address.city`` and ``address.city`` name ``("address", "city")``. Lower case."""
     node = parse_expression(column, f"column {column!r}")
-    if not isinstance(node, exp.Column) or (node.table and node.table.lower() != target_alias.lower()):
-        if isinstance(node, exp.Dot) or (isinstance(node, exp.Column) and node.db):
-            raise MergeSpecError(f"Assigning nested fields is not supported: {column!r}.")
-        if not isinstance(node, exp.Column):
-            raise MergeSpecError(f"{column!r} is not a column of the target.")
-        raise MergeSpecError(f"{column!r} does not name a column of the target {target_alias!r}.")
-    return str(node.name).lower()
+    if not isinstance(node, exp.Column):
+        raise MergeSpecError(f"{column!r} is not a column of the target.")
+    parts = [str(p.name) for p in node.parts]
+    if len(parts) > 1 and parts[0].lower() == target_alias.lower():
+        parts = parts[1:]
+    return tuple(p.lower() for p in parts)
+
+
+def column_key(column: str, target_alias: str) -> str:
+    """``column_path`` as one dotted name."""
+    return ".".join(column_path(column, target_alias))
 
 
 def conjuncts(node: exp.Expression) -> list[exp.Expression]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame
@@ -31,7 +32,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.errors import MergeResolutionError, SchemaMismatchError
-from engine.expressions import clause_where, column_key, parse_expression, quote_identifier, sql
+from engine.expressions import clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
 
 SCOPES = {"matched": {"target", "source"}, "notMatched": {"source"}, "notMatchedBySource": {"target"}}
@@ -60,6 +61,11 @@ def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
             can_ansi_store_assign(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
         )
     return False
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _field_names(struct: StructType) -> list[str]:
@@ -99,8 +105,7 @@ def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missi
             value = "NULL" if sf is None else struct_by_name(
                 f"({text}).{quote_identifier(sf.name)}", sf.dataType, f.dataType, allow_missing=allow_missing,
                 where=where, depth=depth + 1)
-            name = f.name.replace("\\", "\\\\").replace("'", "\\'")
-            parts.append(f"'{name}', CAST({value} AS {f.dataType.simpleString()})")
+            parts.append(f"{sql_string(f.name)}, CAST({value} AS {f.dataType.simpleString()})")
         return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
     if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
         element = f"_element_{depth}_"
@@ -209,6 +214,7 @@ class Resolver:
         self.target = target.alias(self.t)
         self.target_schema = target_schema
         self.source_schema = source.schema
+        self.target_values: dict[str, str] = {}
 
     # --- expressions, scoped --------------------------------------------------------------------------------
 
@@ -296,6 +302,7 @@ class Resolver:
     def resolve(self) -> ResolvedMerge:
         spec = self.spec
         out_fields, new_columns, target_values = self.output_fields()
+        self.target_values = target_values
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
             raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
@@ -342,6 +349,8 @@ class Resolver:
                             f"{self.t}.{f.name} in {kind.split()[0]} clause given columns "
                             f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
                         )
+                elif isinstance(assigned.get(key), dict):
+                    values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
                 elif key in assigned:
                     values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
                 else:
@@ -380,22 +389,94 @@ class Resolver:
                               values=columns)
 
     def _assignments(self, action: UpdateAction | InsertAction, where: str,
-                     out_fields: list[StructField]) -> dict[str, str]:
-        names = {f.name.lower() for f in out_fields}
+                     out_fields: list[StructField]) -> dict[str, Any]:
+        """The assigned value of each column (lower-case name): its SQL, or for assignments to fields inside a
+        struct column, the tree of assigned fields (nested dicts by lower-case field name, SQL at the leaves)."""
+        fields = {f.name.lower(): f for f in out_fields}
         items = action.set if isinstance(action, UpdateAction) else action.values
         field_name = "set" if isinstance(action, UpdateAction) else "values"
-        result: dict[str, str] = {}
+        result: dict[str, Any] = {}
         for column, value in items.items():
-            key = column_key(column, self.t)
-            if key not in names:
+            path = column_path(column, self.t)
+            if path[0] not in fields:
                 raise MergeResolutionError(
                     f"{where}.{field_name}: {column!r} is not a column of the target table "
                     f"(columns: {', '.join(f.name for f in out_fields)})."
                 )
-            if key in result:
-                raise MergeResolutionError(f"{where}.{field_name}: the column {column!r} is assigned twice.")
-            result[key] = value
+            if len(path) == 1:
+                if path[0] in result:
+                    raise MergeResolutionError(f"{where}.{field_name}: the column {column!r} is assigned twice.")
+                result[path[0]] = value
+                continue
+            node = result.setdefault(path[0], {})
+            dtype = fields[path[0]].dataType
+            for depth, part in enumerate(path[1:], start=1):
+                names = {f.name.lower(): f for f in dtype.fields} if isinstance(dtype, StructType) else {}
+                if not isinstance(node, dict) or part not in names:
+                    raise MergeResolutionError(
+                        f"{where}.{field_name}: {column!r}: {'.'.join(path[:depth])} ({dtype.simpleString()}) has no "
+                        f"field {part!r} to assign, or it is assigned twice."
+                    )
+                dtype = names[part].dataType
+                if depth == len(path) - 1:
+                    if part in node:
+                        raise MergeResolutionError(f"{where}.{field_name}: {column!r} is assigned twice.")
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
         return result
+
+    def _stored(self, text: str, vtype: DataType, target: DataType, where: str) -> str:
+        """``text`` as a value of ``target``: structs by name, the rest cast under ANSI store assignment."""
+        if needs_struct_by_name(vtype, target):
+            return struct_by_name(text, vtype, target, allow_missing=self.spec.schema_evolution, where=where)
+        if vtype == target:
+            return text
+        if not can_ansi_store_assign(vtype, target):
+            raise MergeResolutionError(
+                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {target.simpleString()} under ANSI "
+                "store assignment."
+            )
+        return f"CAST(({text}) AS {target.simpleString()})"
+
+    def _nested_update_sql(self, column: StructField, tree: dict[str, Any], clause_type: str, where: str) -> str:
+        """UPDATE SET of fields inside a struct column (Delta's nested assignment): the column rebuilt with the
+        assigned fields replaced and every other field kept."""
+        leaves: list[tuple[str, str]] = []
+
+        def collect(dtype: StructType, node: dict[str, Any], prefix: str) -> None:
+            for f in dtype.fields:
+                sub = node.get(f.name.lower())
+                if isinstance(sub, dict):
+                    collect(f.dataType, sub, f"{prefix}.{f.name}")  # type: ignore[arg-type]
+                elif sub is not None:
+                    leaf_where = f"{prefix}.{f.name}"
+                    leaves.append((leaf_where, self._scoped_sql(sub, clause_type, leaf_where)))
+
+        assert isinstance(column.dataType, StructType)
+        collect(column.dataType, tree, f"{where}.{column.name}")
+        types = iter(self._analyze(clause_type, leaves))
+        texts = iter(leaves)
+
+        def build(base: str, dtype: StructType, node: dict[str, Any]) -> str:
+            parts = []
+            for f in dtype.fields:
+                sub = node.get(f.name.lower())
+                kept = f"({base}).{quote_identifier(f.name)}"
+                if isinstance(sub, dict):
+                    value = build(kept, f.dataType, sub)  # type: ignore[arg-type]
+                elif sub is not None:
+                    leaf_where, text = next(texts)
+                    value = self._stored(text, next(types), f.dataType, leaf_where)
+                else:
+                    value = kept
+                parts.append(f"{sql_string(f.name)}, {value}")
+            return f"named_struct({', '.join(parts)})"
+
+        # A column whose type schema evolution widened is read in the wider type.
+        base = self.target_values.get(column.name.lower(),
+                                      f"{quote_identifier(self.t)}.{quote_identifier(column.name)}")
+        return build(base, column.dataType, tree)
 
 
 def _spark_message(exc: BaseException) -> str:

@@ -395,3 +395,38 @@ def test_schema_evolution_adds_nested_fields(spark: SparkSession, tmp_path: Path
          "arr": [{"p": 10, "q": 20, "r": "x"}]},
         {"id": 3, "s": None, "arr": []},
     ]
+
+
+def test_update_set_assigns_fields_inside_structs(spark: SparkSession, tmp_path: Path) -> None:
+    """Delta's nested assignment: the struct is rebuilt with the named fields set and the others kept, also for a
+    NULL struct; values are cast to the field's type under ANSI store assignment."""
+    target = _nested_target(tmp_path / "t")
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([1, 2], pa.int64()),
+                                                   "v": pa.array([5, 6], pa.int32())}))
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [
+        clause("matched", "update", "s.id = 1", **{"t.s.b": "s.v", "s.inner.y": "'q'"}),
+        clause("matched", "update", **{"s.inner.x": "s.v * 10"}),
+    ]))
+    assert DeltaTable(str(target)).to_pyarrow_table().sort_by("id").column("s").to_pylist() == [
+        {"a": 1, "b": 5, "inner": {"x": 1, "y": "q"}},
+        {"a": 2, "b": 20, "inner": {"x": 60, "y": None}},
+    ]
+
+
+@pytest.mark.parametrize(("assign", "error", "message"), [
+    ({"s.zz": "1"}, MergeResolutionError, "has no field 'zz'"),
+    ({"id.x": "1"}, MergeResolutionError, "has no field 'x'"),
+    ({"s.a": "'text'"}, MergeResolutionError, "ANSI store assignment"),
+    ({"s": "t.s", "s.a": "1"}, MergeSpecError, "conflict from these SET columns"),
+])
+def test_nested_assignments_that_cannot_hold(spark: SparkSession, tmp_path: Path, assign: dict, error: type,
+                                             message: str) -> None:
+    target = _nested_target(tmp_path / "t")
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([1], pa.int64())}))
+    before = files_under(target)
+    with pytest.raises(error, match=message):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", **assign)]))
+    unchanged(target, before)
+    with pytest.raises(MergeSpecError, match="Nested field is not supported in the INSERT clause"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id",
+                                   [clause("notMatched", "insert", id="s.id", **{"s.a": "1"})]))
