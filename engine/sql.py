@@ -6,6 +6,7 @@ parenthesised SELECT over such tables; each table it reads becomes a named relat
 
 from __future__ import annotations
 
+import re
 from typing import Literal, cast
 
 import sqlglot
@@ -99,8 +100,13 @@ def _action(when: exp.When, where: str) -> Action:
     raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
 
 
+_WITH_SCHEMA_EVOLUTION = re.compile(r"^(\s*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE)
+
+
 def parse_merge_sql(text: str) -> MergeSpec:
-    """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong."""
+    """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong.
+    ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
+    text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except ParseError as exc:
@@ -148,4 +154,5 @@ def parse_merge_sql(text: str) -> MergeSpec:
         not_matched_by_source=tuple(groups["notMatchedBySource"]),
         target_alias=_alias(target, "target"),
         source_alias=_alias(using, "source"),
+        schema_evolution=bool(evolution),
     )

@@ -94,9 +94,12 @@ class StructuredMergeIn(_Strict):
 
 
 class SqlMergeIn(_Strict):
-    """The same merge as SQL text, in the Delta Lake dialect of Spark SQL."""
+    """The same merge as SQL text, in the Delta Lake dialect of Spark SQL. ``schema_evolution`` and ``dry_run``
+    mean what they mean for a structured spec (``MERGE WITH SCHEMA EVOLUTION INTO`` turns evolution on too)."""
 
     sql: NonEmpty
+    schema_evolution: bool = False
+    dry_run: bool = False
 
 
 def _merge_kind(value: Any) -> str:

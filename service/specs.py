@@ -65,7 +65,7 @@ def field_of(message: str, default: str, prefix: str = "") -> str:
 def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> BuiltMerge:
     if isinstance(body, SqlMergeIn):
         spec, target = _guard(body, lambda: _from_sql(body, roots))
-        dry_run = False
+        dry_run = body.dry_run
     else:
         spec = _from_structured(body, roots)
         target = body.target
@@ -182,7 +182,8 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
             for name, rel in source.relations.items()
         }
         source = dataclasses.replace(source, relations=relations)
-    spec = dataclasses.replace(spec, target=roots.resolve(target, "sql"), source=source)
+    spec = dataclasses.replace(spec, target=roots.resolve(target, "sql"), source=source,
+                               schema_evolution=spec.schema_evolution or body.schema_evolution)
     return spec, target
 
 

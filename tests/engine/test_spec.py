@@ -128,6 +128,14 @@ def test_parse_merge_sql_with_a_query_source() -> None:
     assert parsed.not_matched[0].action == InsertAction(star=True)
 
 
+def test_merge_with_schema_evolution_syntax() -> None:
+    parsed = parse_merge_sql(" merge with  schema\nevolution into delta.`/lake/t` t USING delta.`/lake/u` s "
+                             "ON t.id = s.id WHEN MATCHED THEN UPDATE SET *")
+    assert parsed.schema_evolution and parsed.target == "/lake/t"
+    assert not parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/u` s ON t.id = s.id "
+                               "WHEN MATCHED THEN DELETE").schema_evolution
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -12,6 +12,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from service import specs
 from service.app import create_app
 from service.manager import JobManager
 from service.settings import Settings
@@ -92,6 +93,17 @@ def test_sql_body_and_file_uri(client: TestClient, target: str, lake: Path) -> N
     assert response.status_code == 202, response.text
     listed = client.get("/merges", params={"target": target}).json()["items"]
     assert [j["id"] for j in listed] == [response.json()["id"]]
+
+
+def test_sql_body_takes_dry_run_and_schema_evolution(client: TestClient, target: str, lake: Path) -> None:
+    (lake / "updates").mkdir()
+    sql = f"MERGE INTO delta.`{target}` AS t USING delta.`{lake}/updates` AS s ON t.id = s.id WHEN MATCHED THEN DELETE"
+    response = client.post("/merges", json={"sql": sql, "dry_run": True, "schema_evolution": True})
+    assert response.status_code == 202, response.text
+    assert response.json()["dry_run"] is True
+    built = specs.build_merge(specs.parse_request({"sql": sql, "schema_evolution": True}), client.app.state.roots)
+    assert built.spec.schema_evolution and not built.dry_run
+    assert_problem(client.post("/merges", json={"sql": sql, "dry_run": "maybe"}), 422, "dry_run")
 
 
 @pytest.mark.parametrize(
