@@ -31,6 +31,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
+from engine.delta.constraints import GENERATION_KEY
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
@@ -327,6 +328,8 @@ class Resolver:
         values: list[tuple[str, bool]] | None = None
         action = clause.action
         new_lower = {n.lower() for n in new_columns}
+        generated = {f.name.lower(): str(f.metadata[GENERATION_KEY]) for f in out_fields
+                     if f.metadata and f.metadata.get(GENERATION_KEY) is not None}
         if isinstance(action, (UpdateAction, InsertAction)):
             is_update = isinstance(action, UpdateAction)
             kind, field_name = ("UPDATE SET", "set") if is_update else ("INSERT", "values")
@@ -341,6 +344,8 @@ class Resolver:
                     src = self._source_field(f.name)
                     if src is not None:
                         values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
+                    elif key in generated:
+                        values.append(default)  # computed below
                     elif self.spec.schema_evolution:
                         values.append(default)
                     else:
@@ -355,6 +360,14 @@ class Resolver:
                     values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
                 else:
                     values.append(default)
+            # Delta's generated columns: a clause that gives one no value computes it from the row's new values
+            # (the write then checks any value given against the expression).
+            given = {f.name.lower() for f in out_fields
+                     if (self._source_field(f.name) is not None if action.star else f.name.lower() in assigned)}
+            for i, f in enumerate(out_fields):
+                if f.name.lower() in generated and f.name.lower() not in given:
+                    values[i] = (self._generated_sql(generated[f.name.lower()], out_fields, values,
+                                                     f"{where} column {f.name}"), True)
         value_offset = len(items)
         if values is not None:
             items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
@@ -387,6 +400,19 @@ class Resolver:
                 columns.append(column)
         return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql,
                               values=columns)
+
+    def _generated_sql(self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]],
+                       where: str) -> str:
+        """A generated column's expression over the values a clause gives the row's other columns."""
+        by_name = {f.name.lower(): (f, text) for f, (text, _) in zip(out_fields, values, strict=True)}
+
+        def visit(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.Column) and not node.table and node.name.lower() in by_name:
+                f, text = by_name[node.name.lower()]
+                return exp.paren(parse_expression(f"CAST(({text}) AS {f.dataType.simpleString()})", where))
+            return node
+
+        return sql(parse_expression(expression, where).transform(visit))
 
     def _assignments(self, action: UpdateAction | InsertAction, where: str,
                      out_fields: list[StructField]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The rules a Delta table declares for every row written to it, besides NOT NULL (PROTOCOL.md "Column
-Invariants" and "CHECK Constraints"; Delta's ``Constraints.getAll``): CHECK constraints in the table properties
-(``delta.constraints.<name>``), legacy column invariants in the schema's field metadata (``delta.invariants``),
-and the length limits of CHAR/VARCHAR columns that Delta on Spark records as field metadata. Each is a Spark
+Invariants", "CHECK Constraints" and "Generated Columns"; Delta's ``Constraints.getAll``): CHECK constraints in
+the table properties (``delta.constraints.<name>``), generated columns (which must equal their expression),
+legacy column invariants in the schema's field metadata (``delta.invariants``), and the length limits of
+CHAR/VARCHAR columns that Delta on Spark records as field metadata. Each is a Spark
 SQL predicate over the table's columns; a row passes only when it is true (NULL fails, as in Delta).
 """
 
@@ -23,6 +24,7 @@ from engine.errors import UnsupportedTableFeatureError
 CHECK_PREFIX = "delta.constraints."
 INVARIANTS_KEY = "delta.invariants"
 CHAR_VARCHAR_KEY = "__CHAR_VARCHAR_TYPE_STRING"
+GENERATION_KEY = "delta.generationExpression"
 CHAR_VARCHAR_CHECK_NAME = "__CHAR_VARCHAR_STRING_LENGTH_CHECK__"
 _LENGTH_TYPE = re.compile(r"^\s*(?:var)?char\s*\(\s*(\d+)\s*\)\s*$", re.IGNORECASE)
 
@@ -108,6 +110,15 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
             expression = str(text)
             constraints.append(Constraint("check", key[len(CHECK_PREFIX):], expression,
                                           referenced_columns(expression, schema_json), f"({expression})"))
+    for f in schema_json.get("fields", []):
+        expression = (f.get("metadata") or {}).get(GENERATION_KEY)
+        if expression is not None:
+            # A generated column must hold its expression's value (Delta checks it as a CHECK constraint).
+            column = _quoted((f["name"],))
+            constraints.append(Constraint(
+                "check", "Generated Column", f"{column} <=> ({expression})",
+                tuple(dict.fromkeys([(f["name"],), *referenced_columns(str(expression), schema_json)])),
+                f"({f['name']} <=> ({expression}))"))
     for path, f in _fields(schema_json):
         meta = f.get("metadata") or {}
         if INVARIANTS_KEY in meta:

@@ -1,10 +1,10 @@
 """The protocol gate: which tables this layer may read and write (PROTOCOL.md "Table Features").
 
 The rule: never write a table whose rules we would break. A feature is accepted when we implement it
-(appendOnly, changeDataFeed, timestampNtz, and the row rules of invariants and checkConstraints, which every
-write enforces: see ``constraints``) or when the table does not actually use it (a legacy protocol version
-implies generated and identity columns and column mapping: those are refused only when the schema or
-properties use them). Unknown features are refused.
+(appendOnly, changeDataFeed, timestampNtz, and the row rules of invariants, checkConstraints and
+generatedColumns, which every write enforces: see ``constraints``) or when the table does not actually use it
+(a legacy protocol version implies identity columns and column mapping: those are refused only when the schema
+or properties use them). Unknown features are refused.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
-IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz", "invariants", "checkConstraints"})
+IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz", "invariants", "checkConstraints",
+                                  "generatedColumns"})
 """Features whose rules this layer follows."""
 
 USE_CHECKED_FEATURES = frozenset(
-    {"generatedColumns", "identityColumns", "columnMapping", "deletionVectors", "variantType"}
+    {"identityColumns", "columnMapping", "deletionVectors", "variantType"}
 )
 """Features accepted while the table does not use them (checked against metadata and files)."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from engine import AppTransaction, MergeSpec, RowsSource, parse_merge_sql, run_merge
@@ -430,3 +430,42 @@ def test_nested_assignments_that_cannot_hold(spark: SparkSession, tmp_path: Path
     with pytest.raises(MergeSpecError, match="Nested field is not supported in the INSERT clause"):
         run_merge(spark, make_spec(target, source, "t.id = s.id",
                                    [clause("notMatched", "insert", id="s.id", **{"s.a": "1"})]))
+
+
+def _generated_table(path: Path) -> Path:
+    """deltalake's table with a generated column: v2 is always v * 2."""
+    from deltalake.schema import Field, PrimitiveType, Schema
+
+    DeltaTable.create(str(path), Schema([
+        Field("id", PrimitiveType("long")), Field("v", PrimitiveType("long")),
+        Field("v2", PrimitiveType("long"), metadata={"delta.generationExpression": "v * 2"}),
+    ]))
+    write_deltalake(str(path), pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([10, 20], pa.int64())}),
+                    mode="append")
+    return path
+
+
+def test_generated_columns_are_computed_and_checked(spark: SparkSession, tmp_path: Path) -> None:
+    """A clause that gives a generated column no value computes it from the row's new values (UPDATE SET * and
+    INSERT * included, the source lacking it); a value given must equal the expression."""
+    target = _generated_table(tmp_path / "t")
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2, 3], pa.int64()),
+                                                   "v": pa.array([7, 8], pa.int64())}))
+    run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
+    assert rows(target) == [(1, 10, 20), (2, 7, 14), (3, 8, 16)]
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", v="s.v + t.v")]))
+    assert rows(target) == [(1, 10, 20), (2, 14, 28), (3, 16, 32)]
+    # deltalake checks the expression on its own writes to the table: it reads and appends as before.
+    write_deltalake(str(target), pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([1], pa.int64())}),
+                    mode="append")
+    assert (4, 1, 2) in rows(target)
+
+    new_key = write_table(tmp_path / "n", pa.table({"id": pa.array([5], pa.int64()), "v": pa.array([3], pa.int64())}))
+    version = DeltaTable(str(target)).version()
+    with pytest.raises(InvariantViolationError, match=r"CHECK constraint Generated Column \(v2 <=> \(v \* 2\)\)"):
+        run_merge(spark, make_spec(target, new_key, "t.id = s.id",
+                                   [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v")]))
+    assert DeltaTable(str(target)).version() == version
+    run_merge(spark, make_spec(target, new_key, "t.id = s.id",
+                               [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v * 2")]))
+    assert (5, 3, 6) in rows(target)

@@ -122,8 +122,8 @@ def test_legacy_protocols_imply_features_only_used_ones_refused(lake: Path) -> N
                         schema=_schema(**{"delta.invariants": '{"rule": "id > 0"}'})), "invariant this engine")
     _refused(_hand_made(lake, {"minReaderVersion": 1, "minWriterVersion": 2},
                         schema=_schema(**{"__CHAR_VARCHAR_TYPE_STRING": "array<varchar(3)>"})), "CHAR/VARCHAR")
-    _refused(_hand_made(lake, {"minReaderVersion": 1, "minWriterVersion": 4},
-                        schema=_schema(**{"delta.generationExpression": "1"})), "generatedColumns")
+    check_supported(load_snapshot(_hand_made(lake, {"minReaderVersion": 1, "minWriterVersion": 4},
+                                             schema=_schema(**{"delta.generationExpression": "1"}))))
     _refused(_hand_made(lake, {"minReaderVersion": 1, "minWriterVersion": 6},
                         schema=_schema(**{"delta.identity.start": 1, "delta.identity.step": 1,
                                           "delta.identity.allowExplicitInsert": False})), "identityColumns")
