@@ -69,6 +69,17 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def sql_type(dtype: DataType) -> str:
+    """A type as CAST reads it, field names quoted (``simpleString`` leaves them bare)."""
+    if isinstance(dtype, StructType):
+        return "struct<" + ",".join(f"{quote_identifier(f.name)}:{sql_type(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, ArrayType):
+        return f"array<{sql_type(dtype.elementType)}>"
+    if isinstance(dtype, MapType):
+        return f"map<{sql_type(dtype.keyType)},{sql_type(dtype.valueType)}>"
+    return dtype.simpleString()
+
+
 def _field_names(struct: StructType) -> list[str]:
     return [f.name.lower() for f in struct.fields]
 
@@ -106,7 +117,7 @@ def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missi
             value = "NULL" if sf is None else struct_by_name(
                 f"({text}).{quote_identifier(sf.name)}", sf.dataType, f.dataType, allow_missing=allow_missing,
                 where=where, depth=depth + 1)
-            parts.append(f"{sql_string(f.name)}, CAST({value} AS {f.dataType.simpleString()})")
+            parts.append(f"{sql_string(f.name)}, CAST({value} AS {sql_type(f.dataType)})")
         return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
     if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
         element = f"_element_{depth}_"
@@ -409,7 +420,7 @@ class Resolver:
         def visit(node: exp.Expression) -> exp.Expression:
             if isinstance(node, exp.Column) and not node.table and node.name.lower() in by_name:
                 f, text = by_name[node.name.lower()]
-                return exp.paren(parse_expression(f"CAST(({text}) AS {f.dataType.simpleString()})", where))
+                return exp.paren(parse_expression(f"CAST(({text}) AS {sql_type(f.dataType)})", where))
             return node
 
         return sql(parse_expression(expression, where).transform(visit))
@@ -463,7 +474,7 @@ class Resolver:
                 f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {target.simpleString()} under ANSI "
                 "store assignment."
             )
-        return f"CAST(({text}) AS {target.simpleString()})"
+        return f"CAST(({text}) AS {sql_type(target)})"
 
     def _nested_update_sql(self, column: StructField, tree: dict[str, Any], clause_type: str, where: str) -> str:
         """UPDATE SET of fields inside a struct column (Delta's nested assignment): the column rebuilt with the

@@ -469,3 +469,16 @@ def test_generated_columns_are_computed_and_checked(spark: SparkSession, tmp_pat
     run_merge(spark, make_spec(target, new_key, "t.id = s.id",
                                [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v * 2")]))
     assert (5, 3, 6) in rows(target)
+
+
+def test_struct_fields_with_any_name_are_paired(spark: SparkSession, tmp_path: Path) -> None:
+    person = pa.struct([("first name", pa.string()), ("age", pa.int32())])
+    target = write_table(tmp_path / "t", pa.table({"id": pa.array([1], pa.int64()),
+                                                   "p": pa.array([{"first name": "Ann", "age": 30}], person)}))
+    source = write_table(tmp_path / "s", pa.table({
+        "id": pa.array([1], pa.int64()),
+        "p": pa.array([{"age": 31, "first name": "Ann B"}],
+                      pa.struct([("age", pa.int64()), ("first name", pa.string())])),
+    }))
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
+    assert rows(target) == [(1, {"first name": "Ann B", "age": 31})]
