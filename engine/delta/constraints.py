@@ -42,7 +42,8 @@ class Constraint:
     """The predicate as a violation names it."""
 
 
-def _quoted(path: tuple[str, ...]) -> str:
+def quoted_path(path: tuple[str, ...]) -> str:
+    """A column path as Spark SQL reads it, each part in backticks."""
     return ".".join("`" + part.replace("`", "``") + "`" for part in path)
 
 
@@ -114,7 +115,7 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
         expression = (f.get("metadata") or {}).get(GENERATION_KEY)
         if expression is not None:
             # A generated column must hold its expression's value (Delta checks it as a CHECK constraint).
-            column = _quoted((f["name"],))
+            column = quoted_path((f["name"],))
             constraints.append(Constraint(
                 "check", "Generated Column", f"{column} <=> ({expression})",
                 tuple(dict.fromkeys([(f["name"],), *referenced_columns(str(expression), schema_json)])),
@@ -134,7 +135,7 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
                 f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
                 "not supported"
             )
-        column, limit, name = _quoted(path), int(length.group(1)), ".".join(path)
+        column, limit, name = quoted_path(path), int(length.group(1)), ".".join(path)
         constraints.append(Constraint("length", CHAR_VARCHAR_CHECK_NAME,
                                       f"{column} IS NULL OR length({column}) <= {limit}", (path,),
                                       f"(({name} IS NULL) OR (length({name}) <= {limit}))"))

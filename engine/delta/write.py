@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddCDCFile, AddFile, parse_schema
-from engine.delta.constraints import Constraint, table_constraints
+from engine.delta.constraints import Constraint, quoted_path, table_constraints
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
 from engine.delta.paths import encode_log_path, parse_partition_dir
 from engine.delta.snapshot import Snapshot
@@ -85,7 +85,7 @@ def _shown(value: Column) -> Column:
 def _violation(constraint: Constraint) -> tuple[Column, Column]:
     """(the row breaks it, the error Delta raises for it): NULL breaks it as false does."""
     broken = ~F.coalesce(F.expr(constraint.expression), F.lit(False))
-    values = [F.col(".".join("`" + p.replace("`", "``") + "`" for p in path)) for path in constraint.columns]
+    values = [F.col(quoted_path(path)) for path in constraint.columns]
     if constraint.kind == "length":
         message = F.concat(F.lit(f'[{LENGTH_MARKER}] Value "'), *[_shown(v) for v in values[:1]],
                            F.lit(f'" exceeds char/varchar type length limitation. Failed check: {constraint.shown}.'))
