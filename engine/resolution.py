@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.delta.constraints import GENERATION_KEY
+from engine.delta.features import DEFAULT_KEY
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
@@ -348,9 +349,14 @@ class Resolver:
             values = []
             for f in out_fields:
                 key = f.name.lower()
-                # A column the clause gives no value keeps it on UPDATE; it is NULL on INSERT and when new.
-                default = ((f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
-                           if is_update and key not in new_lower else ("NULL", True))
+                # A column the clause gives no value keeps it on UPDATE; on INSERT it takes the column's default
+                # value (allowColumnDefaults), else NULL; a column new by schema evolution is NULL.
+                if is_update and key not in new_lower:
+                    default = (f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
+                elif key not in new_lower and f.metadata and f.metadata.get(DEFAULT_KEY) is not None:
+                    default = (str(f.metadata[DEFAULT_KEY]), True)
+                else:
+                    default = ("NULL", True)
                 if action.star:
                     src = self._source_field(f.name)
                     if src is not None:

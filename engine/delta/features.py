@@ -1,10 +1,11 @@
 """The protocol gate: which tables this layer may read and write (PROTOCOL.md "Table Features").
 
-The rule: never write a table whose rules we would break. A feature is accepted when we implement it
-(appendOnly, changeDataFeed, timestampNtz, and the row rules of invariants, checkConstraints and
-generatedColumns, which every write enforces: see ``constraints``) or when the table does not actually use it
-(a legacy protocol version implies identity columns and column mapping: those are refused only when the schema
-or properties use them). Unknown features are refused.
+The rule: never write a table whose rules we would break. A feature is accepted when it is implemented:
+appendOnly, changeDataFeed, timestampNtz, allowColumnDefaults (``DEFAULT_KEY``, for the writer of new rows to
+fill in), and the row rules of invariants, checkConstraints and generatedColumns, which every write enforces
+(see ``constraints``). It is also accepted when the table does not actually use it (a legacy protocol version
+implies identity columns and column mapping: those are refused only when the schema or properties use them).
+Unknown features are refused.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
 IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz", "invariants", "checkConstraints",
-                                  "generatedColumns"})
+                                  "generatedColumns", "allowColumnDefaults"})
 """Features whose rules this layer follows."""
+
+DEFAULT_KEY = "CURRENT_DEFAULT"
+"""Field metadata of allowColumnDefaults: the SQL of the value an INSERT gives a column it names no value for."""
 
 USE_CHECKED_FEATURES = frozenset(
     {"identityColumns", "columnMapping", "deletionVectors", "variantType"}
@@ -95,8 +99,6 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
             used.setdefault("generatedColumns", f"column {column!r} is generated")
         if any(k.startswith("delta.identity.") for k in meta):
             used.setdefault("identityColumns", f"column {column!r} is an identity column")
-        if "CURRENT_DEFAULT" in meta:
-            used.setdefault("allowColumnDefaults", f"column {column!r} has a default value")
         if "__COLLATIONS" in meta:
             used.setdefault("collations", f"column {column!r} has a collation")
         if "delta.typeChanges" in meta:

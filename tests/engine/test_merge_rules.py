@@ -3,6 +3,7 @@ and every error path leaving the table as it was."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -482,3 +483,29 @@ def test_struct_fields_with_any_name_are_paired(spark: SparkSession, tmp_path: P
     }))
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
     assert rows(target) == [(1, {"first name": "Ann B", "age": 31})]
+
+
+def test_insert_fills_in_column_defaults(spark: SparkSession, tmp_path: Path) -> None:
+    """allowColumnDefaults (a table Delta on Spark makes with DEFAULT): an INSERT that names no value for a column
+    gives it the column's default; an UPDATE keeps the row's value; a value given wins."""
+    from tests.engine.delta.util import write_log_entry
+
+    target = tmp_path / "t"
+    fields = [{"name": "id", "type": "long", "nullable": True, "metadata": {}},
+              {"name": "status", "type": "string", "nullable": True,
+               "metadata": {"CURRENT_DEFAULT": "'new'", "EXISTS_DEFAULT": "'new'"}},
+              {"name": "n", "type": "integer", "nullable": True, "metadata": {"CURRENT_DEFAULT": "1 + 1"}}]
+    write_log_entry(target, 0, [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["allowColumnDefaults"]}},
+        {"metaData": {"id": "d0d0d0d0-0000-4000-8000-000000000000", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps({"type": "struct", "fields": fields}), "partitionColumns": [],
+                      "configuration": {}, "createdTime": 0}},
+    ])
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([1, 2], pa.int64()), "n": pa.array([5, 6])}))
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [
+        clause("notMatched", "insert", "s.id = 1", id="s.id"),
+        clause("notMatched", "insert", id="s.id", status="'given'"),
+    ]))
+    assert rows(target) == [(1, "new", 2), (2, "given", 2)]
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.n")]))
+    assert rows(target) == [(1, "new", 5), (2, "given", 6)]

@@ -91,7 +91,7 @@ def test_append_only(lake: Path) -> None:
 
 @pytest.mark.parametrize("feature", [
     "rowTracking", "domainMetadata", "inCommitTimestamp", "clustering", "icebergCompatV2", "vacuumProtocolCheck",
-    "v2Checkpoint", "typeWidening", "allowColumnDefaults", "someFutureFeature",
+    "v2Checkpoint", "typeWidening", "someFutureFeature",
 ])
 def test_features_we_do_not_implement(lake: Path, feature: str) -> None:
     readers = (feature,) if feature in ("v2Checkpoint", "typeWidening", "vacuumProtocolCheck") else ()
