@@ -347,6 +347,7 @@ class Resolver:
             kind, field_name = ("UPDATE SET", "set") if is_update else ("INSERT", "values")
             assigned = {} if action.star else self._assignments(action, where, out_fields)
             values = []
+            given: set[str] = set()  # the columns the clause gives a value
             for f in out_fields:
                 key = f.name.lower()
                 # A column the clause gives no value keeps it on UPDATE; on INSERT it takes the column's default
@@ -361,6 +362,7 @@ class Resolver:
                     src = self._source_field(f.name)
                     if src is not None:
                         values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
+                        given.add(key)
                     elif key in generated:
                         values.append(default)  # computed below
                     elif self.spec.schema_evolution:
@@ -373,14 +375,14 @@ class Resolver:
                         )
                 elif isinstance(assigned.get(key), dict):
                     values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
+                    given.add(key)
                 elif key in assigned:
                     values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
+                    given.add(key)
                 else:
                     values.append(default)
             # Delta's generated columns: a clause that gives one no value computes it from the row's new values
             # (the write then checks any value given against the expression).
-            given = {f.name.lower() for f in out_fields
-                     if (self._source_field(f.name) is not None if action.star else f.name.lower() in assigned)}
             for i, f in enumerate(out_fields):
                 if f.name.lower() in generated and f.name.lower() not in given:
                     values[i] = (self._generated_sql(generated[f.name.lower()], out_fields, values,
@@ -400,21 +402,10 @@ class Resolver:
         if values is not None:
             columns = []
             for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
-                if needs_struct_by_name(vtype, f.dataType):
-                    # A kept target value misses only the fields schema evolution added.
-                    text = struct_by_name(text, vtype, f.dataType,
-                                          allow_missing=self.spec.schema_evolution or not check,
-                                          where=f"{where} column {f.name}")
-                    vtype = f.dataType
-                column = F.expr(text)
-                if vtype != f.dataType:
-                    if check and not can_ansi_store_assign(vtype, f.dataType):
-                        raise MergeResolutionError(
-                            f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to column {f.name} "
-                            f"({f.dataType.simpleString()}) under ANSI store assignment."
-                        )
-                    column = column.cast(f.dataType)
-                columns.append(column)
+                # A kept target value (unchecked) misses only the fields schema evolution added.
+                columns.append(F.expr(self._stored(text, vtype, f.dataType, where, f"column {f.name}",
+                                                   allow_missing=self.spec.schema_evolution or not check,
+                                                   check=check)))
         return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql,
                               values=columns)
 
@@ -469,16 +460,18 @@ class Resolver:
                     node = node.setdefault(part, {})
         return result
 
-    def _stored(self, text: str, vtype: DataType, target: DataType, where: str) -> str:
-        """``text`` as a value of ``target``: structs by name, the rest cast under ANSI store assignment."""
+    def _stored(self, text: str, vtype: DataType, target: DataType, where: str, what: str, *,
+                allow_missing: bool, check: bool = True) -> str:
+        """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
+        rest cast under ANSI store assignment (checked unless ``check`` is off)."""
         if needs_struct_by_name(vtype, target):
-            return struct_by_name(text, vtype, target, allow_missing=self.spec.schema_evolution, where=where)
+            return struct_by_name(text, vtype, target, allow_missing=allow_missing, where=f"{where} {what}")
         if vtype == target:
             return text
-        if not can_ansi_store_assign(vtype, target):
+        if check and not can_ansi_store_assign(vtype, target):
             raise MergeResolutionError(
-                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {target.simpleString()} under ANSI "
-                "store assignment."
+                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}) "
+                "under ANSI store assignment."
             )
         return f"CAST(({text}) AS {sql_type(target)})"
 
@@ -510,7 +503,8 @@ class Resolver:
                     value = build(kept, f.dataType, sub)  # type: ignore[arg-type]
                 elif sub is not None:
                     leaf_where, text = next(texts)
-                    value = self._stored(text, next(types), f.dataType, leaf_where)
+                    value = self._stored(text, next(types), f.dataType, leaf_where, "the field",
+                                         allow_missing=self.spec.schema_evolution)
                 else:
                     value = kept
                 parts.append(f"{sql_string(f.name)}, {value}")
