@@ -281,9 +281,10 @@ class MergeIntoCommand:
         self._finish_metrics(snapshot, added, removed)
         changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
         version = None
+        # As Delta does, the time is taken before the commit: the commit records it in operationMetrics.
+        m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
         if changed and not self.dry_run:
             version = self._commit(snapshot, resolved, predicate, candidates, [*added, *cdc_files], removed)
-        m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
         return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
 
     def _finish_metrics(self, snapshot: Any, added: list[Any], removed: list[Any]) -> None:
@@ -511,7 +512,8 @@ def _partitions(snapshot: Any, files: list[Any]) -> int:
 def _already_applied(snapshot: Any, txn: AppTransaction) -> MergeResult:
     """The result of a merge an earlier attempt committed, read back from that commit's operationMetrics."""
     version = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
-    metrics: dict[str, int] = {}
+    # The commit records the first 22 metrics; the ones Delta shows only in its UI are not recorded.
+    metrics: dict[str, int] = dict.fromkeys(ALL_METRICS, 0)
     if version is not None:
         recorded = delta.commit_info(snapshot, version).get("operationMetrics") or {}
         for key, value in recorded.items():

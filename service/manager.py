@@ -96,7 +96,8 @@ SET_PHASE = (
 )
 SET_PHASE_WITHIN_LEASE = (  # entering ``committing``: only while the lease has not expired
     update(jobs).where(_FENCE, jobs.c.lease_expires_at > bindparam("now"))
-    .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
+    .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"),
+            commit_started=True)
     .returning(jobs.c.cancel_requested)
 )
 
@@ -128,6 +129,8 @@ def _claim(where: Any) -> Any:
         .where(where)
         .values(
             status=Status.RUNNING.value,
+            # The attempt's first step: the engine reports it again once the table's snapshot is loaded.
+            phase=Phase.PREPARING_SOURCE.value,
             attempts=jobs.c.attempts + 1,
             lease_owner=bindparam("owner"),
             lease_expires_at=bindparam("expires"),
@@ -369,9 +372,11 @@ class JobManager:
         Answers the job and whether this call ended it."""
         with self._tx(write=True) as conn:
             now = self.clock()
+            # A queued job whose earlier attempt began committing may already be in the table: its next attempt
+            # looks for its txn first, and honours the cancel only if the commit did not land.
             done = conn.execute(
                 update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.status == Status.QUEUED.value)
+                .where(jobs.c.id == job_id, jobs.c.status == Status.QUEUED.value, ~jobs.c.commit_started)
                 .values(
                     status=Status.CANCELLED.value,
                     phase=Phase.DONE.value,
@@ -383,7 +388,7 @@ class JobManager:
             if not done:
                 conn.execute(
                     update(jobs)
-                    .where(jobs.c.id == job_id, jobs.c.status == Status.RUNNING.value)
+                    .where(jobs.c.id == job_id, jobs.c.status.in_([Status.RUNNING.value, Status.QUEUED.value]))
                     .values(cancel_requested=True, updated_at=now)
                 )
             row = conn.execute(select(*RECORD_COLUMNS).where(jobs.c.id == job_id)).first()
@@ -516,10 +521,11 @@ class JobManager:
         """Back to the queue after a transient failure (or cancelled, if that was asked for meanwhile)."""
         with self._tx(write=True) as conn:
             now = self.clock()
-            row = conn.execute(select(jobs.c.cancel_requested).where(self._fenced(lease))).first()
+            row = conn.execute(select(jobs.c.cancel_requested, jobs.c.commit_started)
+                               .where(self._fenced(lease))).first()
             if row is None:
                 raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held.")
-            if row.cancel_requested:
+            if row.cancel_requested and not row.commit_started:
                 values: dict[str, Any] = {"status": Status.CANCELLED.value, "phase": Phase.DONE.value,
                                           "finished_at": now}
             else:
@@ -542,14 +548,15 @@ class JobManager:
         taken: list[str] = []
         with self._tx(write=True) as conn:
             now = self.clock()
-            stmt = select(jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.phase).where(
+            stmt = select(jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.commit_started,
+                          jobs.c.phase).where(
                 jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now
             )
             if not self._sqlite:
                 stmt = stmt.with_for_update(skip_locked=True)
             for row in conn.execute(stmt).all():
                 problem = lost_problem(row.attempts)
-                if row.cancel_requested:
+                if row.cancel_requested and not row.commit_started:
                     values: dict[str, Any] = {"status": Status.CANCELLED.value, "phase": Phase.DONE.value,
                                               "finished_at": now}
                 elif row.attempts > max_attempts or (

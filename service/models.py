@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -92,6 +93,9 @@ class Job(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    commit_started: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    """Some attempt entered ``committing``: its commit may have landed, so a cancel waits for an attempt to
+    look for the job's txn in the table."""
     next_run_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 Assignments = Annotated[dict[str, NonEmpty], Field(min_length=1)]
@@ -21,7 +21,10 @@ class _Strict(BaseModel):
 class TableSourceIn(_Strict):
     format: Literal["delta", "parquet", "json", "csv"]
     path: NonEmpty
-    options: dict[str, str] = Field(default_factory=dict)
+    options: dict[str, StrictStr | StrictBool | StrictInt | StrictFloat] = Field(
+        default_factory=dict,
+        description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings.",
+    )
 
 
 class RowsSourceIn(_Strict):

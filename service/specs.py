@@ -187,6 +187,13 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
     return spec, target
 
 
+def _option_text(value: str | bool | int | float) -> str:
+    """Spark's reader options are strings; JSON's true/false are Spark's "true"/"false"."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:
     target = roots.resolve(body.target, "target")
     if isinstance(body.source, RowsSourceIn):
@@ -195,7 +202,7 @@ def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:
         source = engine.TableSource(
             format=body.source.format,
             path=roots.resolve(body.source.path, "source.path"),
-            options=dict(body.source.options),
+            options={k: _option_text(v) for k, v in body.source.options.items()},
         )
     _check_clause_rules(body)
     groups: dict[str, tuple[Any, ...]] = {}

@@ -133,7 +133,8 @@ def list_merges(
     settings: SettingsDep,
     status: Annotated[Status | None, Query(description="Only jobs with this status.")] = None,
     target: Annotated[str | None, Query(description="Only jobs on this table.", max_length=2048)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    limit: Annotated[int, Query(ge=1, description="Page size; larger values are served as the configured "
+                                                  "maximum (200 by default).")] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.",
                                         max_length=1024)] = None,
 ) -> Response:

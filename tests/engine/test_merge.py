@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from engine import run_merge
+from engine import COMMIT_METRICS, run_merge
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
 from tests.engine.harness import (
     COUNTS,
@@ -80,6 +80,9 @@ def test_matches_deltalake(spark: SparkSession, tmp_path: Path, name: str, parti
         history = DeltaTable(str(ours)).history(1)[0]
         assert history["operation"] == "MERGE"
         assert history["operationMetrics"]["numTargetRowsInserted"] == str(expected["num_inserted_rows"])
+        # The commit records the job's own figures, the execution time included, as Delta's strings.
+        assert history["operationMetrics"] == {k: str(m[k]) for k in COMMIT_METRICS}
+        assert m["executionTimeMs"] > 0
     else:
         assert result.table_version is None
         assert DeltaTable(str(ours)).version() == 0

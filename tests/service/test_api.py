@@ -229,6 +229,8 @@ def test_pagination_newest_first(client: TestClient, target: str) -> None:
     assert client.get("/merges", params={"status": "succeeded"}).json() == {"items": [], "next_cursor": None}
     assert_problem(client.get("/merges", params={"cursor": "garbage"}), 422, "query cursor")
     assert_problem(client.get("/merges", params={"limit": 0}), 422, "query limit")
+    # Over the maximum is served as the maximum, not refused.
+    assert len(client.get("/merges", params={"limit": 100_000}).json()["items"]) == 5
     assert_problem(client.get("/merges", params={"status": "done"}), 422, "query status")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pydantic
 import pytest
 
 import engine
@@ -65,3 +66,20 @@ def test_the_memo_is_bounded(calls: list[Any]) -> None:
     for on in ("t.id = s.id", "t.id = s.id + 1", "t.id = s.id + 2", "t.id = s.id"):
         memo.validate(spec(on=on))
     assert len(calls) == 4  # the first was evicted by the third
+
+
+def test_source_options_take_json_scalars_as_spark_strings(tmp_path: Any) -> None:
+    from service.paths import LakeRoots
+
+    body = specs.parse_request({
+        "target": str(tmp_path / "t"),
+        "source": {"format": "csv", "path": str(tmp_path / "s.csv"),
+                   "options": {"header": True, "sep": ";", "samplingRatio": 0.5, "maxColumns": 40}},
+        "on": "t.id = s.id",
+        "when_not_matched": [{"action": "insert_all"}],
+    })
+    built = specs.build_merge(body, LakeRoots([tmp_path]))
+    assert built.spec.source.options == {"header": "true", "sep": ";", "samplingRatio": "0.5", "maxColumns": "40"}
+    with pytest.raises(pydantic.ValidationError, match="options"):
+        specs.parse_request({**body.model_dump(by_alias=True), "source": {
+            "format": "csv", "path": str(tmp_path / "s.csv"), "options": {"header": ["no"]}}})

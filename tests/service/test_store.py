@@ -268,6 +268,46 @@ def test_retry_of_a_job_whose_cancel_was_requested_cancels_it(store: JobManager)
     assert store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=1) is Status.CANCELLED
 
 
+def test_a_cancel_never_ends_a_job_whose_commit_may_have_landed(store: JobManager, clock: FakeClock) -> None:
+    """Once an attempt entered ``committing``, only an attempt that looked for the job's txn may say the table
+    is unchanged: a retry, a reclaim or a cancel of the queued job requeues it (cancel still asked for)."""
+    job = store.submit(new())[0]
+    first = store.claim("w")
+    assert first is not None
+    store.set_phase(first.lease, Phase.COMMITTING)
+    store.request_cancel(job.id, problem=CANCELLED)
+    # the commit's outcome is unknown: back to the queue, not cancelled
+    assert store.retry(first.lease, error={"type": "x", "title": "t"}, delay_seconds=0) is Status.QUEUED
+    flagged, ended = store.request_cancel(job.id, problem=CANCELLED)
+    assert not ended and flagged.status is Status.QUEUED and flagged.cancel_requested
+    second = store.claim("w")
+    assert second is not None and second.lease.attempt == 2
+    # the worker is lost before it looked: reclaimed, not cancelled
+    clock.advance(31)
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == [job.id]
+    assert store.get(job.id).status is Status.QUEUED
+    third = store.claim("w")
+    assert third is not None
+    # the attempt found no txn in the table: its first safe point sees the cancel
+    assert store.set_phase(third.lease, Phase.PREPARING_SOURCE) is True
+    store.cancel_running(third.lease, error=CANCELLED)
+    assert store.get(job.id).status is Status.CANCELLED
+
+
+def test_a_cancel_before_any_commit_started_still_ends_a_requeued_job(store: JobManager,
+                                                                       clock: FakeClock) -> None:
+    job = store.submit(new())[0]
+    claimed = store.claim("w")
+    assert claimed is not None
+    # A claimed job is running, so its phase is no longer "queued".
+    assert (store.get(job.id).status, store.get(job.id).phase) == (Status.RUNNING, Phase.PREPARING_SOURCE)
+    store.set_phase(claimed.lease, Phase.WRITING)
+    clock.advance(31)
+    store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem)
+    cancelled, ended = store.request_cancel(job.id, problem=CANCELLED)
+    assert ended and cancelled.status is Status.CANCELLED
+
+
 def test_transitions_refuse_invalid_moves() -> None:
     check_transition(Status.QUEUED, Status.RUNNING)
     check_transition(Status.RUNNING, Status.QUEUED)
