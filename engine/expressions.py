@@ -14,7 +14,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
-from engine.errors import MergeSpecError
+from engine.errors import MergeResolutionError, MergeSpecError
 from engine.spec import InsertAction, MergeClause, MergeSpec, UpdateAction
 
 DIALECT = "spark"
@@ -89,6 +89,30 @@ def clause_where(clause: MergeClause, index: int) -> str:
     return f"{group}[{index}]"
 
 
+CLAUSE_SCOPES = {"notMatched": ("WHEN NOT MATCHED", "source"),
+                 "notMatchedBySource": ("WHEN NOT MATCHED BY SOURCE", "target")}
+"""The clauses that see one side only, as Delta names them, and the side they see."""
+
+
+def check_scope(node: exp.Expression, clause_type: str, target_alias: str, source_alias: str, where: str) -> None:
+    """Refuse a column qualified by the alias a clause cannot see (NOT MATCHED sees only the source, NOT MATCHED
+    BY SOURCE only the target): that needs no schema, so it is judged before any table is read."""
+    if clause_type not in CLAUSE_SCOPES:
+        return
+    clause_name, side = CLAUSE_SCOPES[clause_type]
+    alias, other = (source_alias, target_alias) if side == "source" else (target_alias, source_alias)
+    # A lambda variable may share the other alias's name (``s -> s.price``): its fields are not the other side.
+    lambda_vars = {str(v.name).lower() for lam in node.find_all(exp.Lambda) for v in lam.expressions}
+    if other.lower() in lambda_vars:
+        return
+    for column in node.find_all(exp.Column):
+        if column.table and str(column.table).lower() == other.lower() and not column.args.get("db"):
+            raise MergeResolutionError(
+                f"{where}: {column.sql(dialect='spark')} cannot be resolved: {clause_name} clauses can only refer "
+                f"to the {side} ({alias})."
+            )
+
+
 def validate_spec(spec: MergeSpec) -> MergeSpec:
     """Everything that can be judged before the tables are read; raises MergeSpecError naming the field."""
     spec.validate()
@@ -98,7 +122,9 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
             where = clause_where(clause, index)
             if clause.condition is not None:
                 cond_where = f"{where}.condition"
-                check_expression(parse_expression(clause.condition, cond_where), cond_where, deterministic=True)
+                node = parse_expression(clause.condition, cond_where)
+                check_expression(node, cond_where, deterministic=True)
+                check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, cond_where)
             action = clause.action
             if isinstance(action, (UpdateAction, InsertAction)) and not action.star:
                 assignments = action.set if isinstance(action, UpdateAction) else action.values
@@ -121,7 +147,9 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
                         )
                     seen[path] = column
                     value_where = f"{where}.{field}.{column}"
-                    check_expression(parse_expression(value, value_where), value_where, deterministic=False)
+                    node = parse_expression(value, value_where)
+                    check_expression(node, value_where, deterministic=False)
+                    check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, value_where)
     return spec
 
 

@@ -34,7 +34,7 @@ from sqlglot import exp
 from engine.delta.constraints import GENERATION_KEY
 from engine.delta.features import DEFAULT_KEY
 from engine.errors import MergeResolutionError, SchemaMismatchError
-from engine.expressions import clause_where, column_path, parse_expression, quote_identifier, sql
+from engine.expressions import check_scope, clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
 
 SCOPES = {"matched": {"target", "source"}, "notMatched": {"source"}, "notMatchedBySource": {"target"}}
@@ -194,22 +194,14 @@ class ResolvedMerge:
         return bool(self.new_columns or self.target_values)
 
 
-def _qualify(node: exp.Expression, alias: str, other_alias: str, where: str, clause_name: str,
-             side: str) -> exp.Expression:
-    """Bare columns belong to ``alias``; a reference to ``other_alias`` is out of scope."""
+def _qualify(node: exp.Expression, alias: str) -> exp.Expression:
+    """Bare columns belong to ``alias``, the one side a NOT MATCHED [BY SOURCE] clause sees."""
     lambda_vars: set[str] = set()
     for lam in node.find_all(exp.Lambda):
         lambda_vars.update(str(e.name).lower() for e in lam.expressions)
 
     def visit(n: exp.Expression) -> exp.Expression:
-        if not isinstance(n, exp.Column):
-            return n
-        if n.table and str(n.table).lower() == other_alias.lower() and not n.args.get("db"):
-            raise MergeResolutionError(
-                f"{where}: {n.sql(dialect='spark')} cannot be resolved: {clause_name} clauses can only refer to "
-                f"the {side} ({alias})."
-            )
-        if not n.table and str(n.name).lower() not in lambda_vars:
+        if isinstance(n, exp.Column) and not n.table and str(n.name).lower() not in lambda_vars:
             return exp.column(n.this.copy(), table=exp.to_identifier(alias, quoted=True))
         return n
 
@@ -233,10 +225,11 @@ class Resolver:
 
     def _scoped_sql(self, text: str, clause_type: str, where: str) -> str:
         node = parse_expression(text, where)
+        check_scope(node, clause_type, self.t, self.s, where)
         if clause_type == "notMatched":
-            node = _qualify(node, self.s, self.t, where, "WHEN NOT MATCHED", "source")
+            node = _qualify(node, self.s)
         elif clause_type == "notMatchedBySource":
-            node = _qualify(node, self.t, self.s, where, "WHEN NOT MATCHED BY SOURCE", "target")
+            node = _qualify(node, self.t)
         return sql(node)
 
     def _frame(self, clause_type: str) -> DataFrame:

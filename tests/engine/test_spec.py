@@ -14,7 +14,7 @@ from engine import (
     parse_merge_sql,
     validate_spec,
 )
-from engine.errors import MergeSpecError
+from engine.errors import MergeResolutionError, MergeSpecError
 from engine.expressions import KeyEquality, Sides, keyed_on, sql
 from engine.spec import QuerySource, TableSource
 
@@ -178,3 +178,24 @@ def test_keyed_on_splits_keys_and_one_sided_conjuncts() -> None:
 ])
 def test_keyed_on_refuses_what_does_not_pin_one_source_key(on: str) -> None:
     assert keyed_on(on, SIDES) is None
+
+
+def test_a_clause_may_not_name_the_side_it_cannot_see() -> None:
+    """NOT MATCHED clauses see only the source and NOT MATCHED BY SOURCE clauses only the target: naming the
+    other alias is refused before any table is read, naming the clause's field, with Delta's reason."""
+    insert = MergeClause("notMatched", InsertAction(values={"id": "s.id", "v": "upper(T.v)"}))
+    with pytest.raises(MergeResolutionError, match=r"when_not_matched\[0\]\.values\.v: .*WHEN NOT MATCHED "
+                                                   r"clauses can only refer to the source \(s\)"):
+        validate_spec(spec(not_matched=(insert,)))
+    by_source = MergeClause("notMatchedBySource", DeleteAction(), "t.day < s.day")
+    with pytest.raises(MergeResolutionError, match=r"when_not_matched_by_source\[0\]\.condition: .*only refer "
+                                                   r"to the target \(t\)"):
+        validate_spec(spec(not_matched_by_source=(by_source,)))
+    # Each side's own columns, bare columns and lambda variables named like the other alias are fine.
+    validate_spec(spec(
+        matched=(matched(UpdateAction(set={"v": "concat(t.v, s.v)"}), "t.v <> s.v"),),
+        not_matched=(MergeClause("notMatched", InsertAction(values={"id": "id", "v": "s.v"}), "s.id > 0"),),
+        not_matched_by_source=(MergeClause("notMatchedBySource", UpdateAction(
+            set={"v": "aggregate(t.tags, '', (acc, s) -> concat(acc, s))",
+                 "w": "transform(t.items, s -> s.price * 2)"})),),
+    ))

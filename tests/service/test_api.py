@@ -128,6 +128,11 @@ def test_sql_body_takes_dry_run_and_schema_evolution(client: TestClient, target:
         ({"source": {"format": "avro", "path": "/x"}}, "source.format"),
         ({"source": {"rows": [{"id": 1}, {"id": "x"}], "schema": "id BIGINT"}}, "source.rows[1].id"),
         ({"source": {"rows": [{"id": 1}], "schema": "id NOT_A_TYPE"}}, "source.schema"),
+        # A clause that sees one side only may not name the other (no schema needed to know it).
+        ({"when_not_matched": [{"action": "insert", "values": {"id": "s.id", "amount": "t.amount"}}]},
+         "when_not_matched[0].values.amount"),
+        ({"when_not_matched_by_source": [{"condition": "s.op = 'D'", "action": "delete"}]},
+         "when_not_matched_by_source[0].condition"),
     ],
 )
 def test_invalid_specs_are_422_naming_the_field_and_enqueue_nothing(
