@@ -17,6 +17,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
+    BinaryType,
     BooleanType,
     DataType,
     DateType,
@@ -40,8 +41,41 @@ from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, Upda
 SCOPES = {"matched": {"target", "source"}, "notMatched": {"source"}, "notMatchedBySource": {"target"}}
 
 
+def can_ansi_cast(source: DataType, target: DataType) -> bool:
+    """Spark's ``Cast.canAnsiCast``: the casts Delta's MERGE puts on assigned values under the ANSI store
+    assignment policy (UpdateExpressionsSupport.castIfNeeded builds an ANSI ``Cast``, so ``'42'`` goes into an
+    INT column and ``'x'`` fails the merge when the row is written). Nullability is left to the NOT NULL checks
+    of the write."""
+    if source == target or isinstance(source, NullType) or isinstance(target, StringType):
+        return True
+    numeric = isinstance(source, NumericType)
+    text = isinstance(source, StringType)
+    if isinstance(target, BinaryType):
+        return text
+    if isinstance(target, BooleanType):
+        return text or numeric
+    if isinstance(target, TimestampType):
+        return text or numeric or isinstance(source, (DateType, TimestampNTZType))
+    if isinstance(target, TimestampNTZType):
+        return text or isinstance(source, (DateType, TimestampType))
+    if isinstance(target, DateType):
+        return text or isinstance(source, (TimestampType, TimestampNTZType))
+    if isinstance(target, NumericType):
+        return text or numeric or isinstance(source, (BooleanType, TimestampType))
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return can_ansi_cast(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return can_ansi_cast(source.keyType, target.keyType) and can_ansi_cast(source.valueType, target.valueType)
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        return len(source.fields) == len(target.fields) and all(
+            can_ansi_cast(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
+        )
+    return False
+
+
 def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
-    """Spark's ``Cast.canANSIStoreAssign``: which values may be stored into a column of another type."""
+    """Spark's ``Cast.canANSIStoreAssign``: the type changes schema evolution accepts for an existing column
+    (a stricter rule than the casts of assigned values)."""
     if source == target or isinstance(source, NullType):
         return True
     if isinstance(source, NumericType) and isinstance(target, NumericType):
@@ -125,7 +159,7 @@ def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missi
         inner = struct_by_name(element, source.elementType, target.elementType, allow_missing=allow_missing,
                                where=where, depth=depth + 1)
         return f"transform({text}, {element} -> {inner})"
-    if source != target and not can_ansi_store_assign(source, target):
+    if source != target and not can_ansi_cast(source, target):
         raise MergeResolutionError(
             f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store "
             "assignment."
@@ -456,15 +490,15 @@ class Resolver:
     def _stored(self, text: str, vtype: DataType, target: DataType, where: str, what: str, *,
                 allow_missing: bool, check: bool = True) -> str:
         """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
-        rest cast under ANSI store assignment (checked unless ``check`` is off)."""
+        rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off)."""
         if needs_struct_by_name(vtype, target):
             return struct_by_name(text, vtype, target, allow_missing=allow_missing, where=f"{where} {what}")
         if vtype == target:
             return text
-        if check and not can_ansi_store_assign(vtype, target):
+        if check and not can_ansi_cast(vtype, target):
             raise MergeResolutionError(
-                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}) "
-                "under ANSI store assignment."
+                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}): "
+                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment."
             )
         return f"CAST(({text}) AS {sql_type(target)})"
 

@@ -55,11 +55,33 @@ def test_cast_overflow_fails_and_leaves_the_table(spark: SparkSession, tmp_path:
     unchanged(target, before)
 
 
-def test_string_is_not_stored_into_a_number(spark: SparkSession, tmp_path: Path) -> None:
-    target = write_table(tmp_path / "t", TARGET)
-    source = write_table(tmp_path / "s", SOURCE)
-    with pytest.raises(MergeResolutionError, match="ANSI store assignment"):
-        run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.v")]))
+def test_assigned_values_take_ansi_casts_as_in_delta(spark: SparkSession, tmp_path: Path) -> None:
+    """Delta's MERGE casts an assigned value with an ANSI ``Cast`` (UpdateExpressionsSupport.castIfNeeded):
+    strings go into numbers and dates, and deltalake agrees; a value that does not parse fails the merge when
+    it is written, leaving the table as it was; a cast ANSI has no rule for fails before any work."""
+    data = pa.table({"id": pa.array([1, 2], pa.int64()), "n": pa.array([10, 20], pa.int32()),
+                     "d": pa.array([None, None], pa.date32())})
+    source_data = pa.table({"id": pa.array([1, 3], pa.int64()), "txt": ["42", "7"],
+                            "day": ["2024-01-05", "2024-02-29"]})
+    ours, theirs = write_table(tmp_path / "ours", data), write_table(tmp_path / "theirs", data)
+    source = write_table(tmp_path / "s", source_data)
+    clauses = [clause("matched", "update", n="s.txt", d="s.day"),
+               clause("notMatched", "insert", id="s.id", n="s.txt", d="s.day")]
+    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses))
+    assert oracle_merge(theirs, source_data, "t.id = s.id", clauses) == {
+        k: result.result[k] for k in ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")}
+    assert rows(ours) == rows(theirs)
+
+    bad = write_table(tmp_path / "bad", pa.table({"id": pa.array([2], pa.int64()), "txt": ["twenty"],
+                                                   "day": ["2024-01-05"]}))
+    before = files_under(ours)
+    with pytest.raises(DataCastError, match="CAST_INVALID_INPUT"):
+        run_merge(spark, make_spec(ours, bad, "t.id = s.id", [clause("matched", "update", n="s.txt")]))
+    assert DeltaTable(str(ours)).version() == 1 and files_under(ours) == before
+
+    with pytest.raises(MergeResolutionError, match="cannot cast date to int"):
+        run_merge(spark, make_spec(ours, bad, "t.id = s.id", [clause("matched", "update", n="to_date(s.day)")]))
+    assert DeltaTable(str(ours)).version() == 1 and files_under(ours) == before
 
 
 def test_update_all_without_evolution_needs_every_target_column(spark: SparkSession, tmp_path: Path) -> None:
@@ -426,7 +448,8 @@ def test_update_set_assigns_fields_inside_structs(spark: SparkSession, tmp_path:
 @pytest.mark.parametrize(("assign", "error", "message"), [
     ({"s.zz": "1"}, MergeResolutionError, "has no field 'zz'"),
     ({"id.x": "1"}, MergeResolutionError, "has no field 'x'"),
-    ({"s.a": "'text'"}, MergeResolutionError, "ANSI store assignment"),
+    ({"s.a": "'text'"}, DataCastError, "CAST_INVALID_INPUT"),
+    ({"s.a": "current_date()"}, MergeResolutionError, "cannot cast date to bigint"),
     ({"s": "t.s", "s.a": "1"}, MergeSpecError, "conflict from these SET columns"),
 ])
 def test_nested_assignments_that_cannot_hold(spark: SparkSession, tmp_path: Path, assign: dict, error: type,
