@@ -22,11 +22,11 @@ from pyspark.sql.types import (
     BooleanType,
     DataType,
     DateType,
-    DecimalType,
     DoubleType,
     FloatType,
     StringType,
     StructType,
+    TimestampType,
 )
 from sqlglot import exp
 
@@ -135,6 +135,14 @@ def _literal(value: Any) -> exp.Expression | None:
     return None
 
 
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _instant(micros: int | None) -> dt.datetime | None:
+    """A TIMESTAMP from its microseconds since the epoch, in UTC."""
+    return None if micros is None else EPOCH + dt.timedelta(microseconds=micros)
+
+
 @dataclass
 class _KeyRange:
     low: Any = None
@@ -143,9 +151,10 @@ class _KeyRange:
     values: list[Any] | None = None
 
 
-_STATS_RANGE_TYPES = (*INTEGRAL_TYPES, DateType, StringType, DecimalType)
-"""Types whose Delta statistics bound the values exactly enough: timestamps are truncated to milliseconds and
-floats may hold NaN, so those ranges come from Spark."""
+_STATS_RANGE_TYPES = (*INTEGRAL_TYPES, DateType, StringType)
+"""Types whose Delta statistics bound the values exactly enough: timestamps are truncated to milliseconds,
+floats may hold NaN and some writers (delta-rs) round decimals through doubles, so those ranges come from
+Spark."""
 
 
 def _comparable(source: DataType | None, target: DataType | None) -> bool:
@@ -348,17 +357,27 @@ class MergeIntoCommand:
                    if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)]
         if missing:
             aggs = []
+            instants = set()
             for i in missing:
                 value = F.col(quote_identifier(keys[i][1]))
-                aggs += [F.min(value).alias(f"min{i}"), F.max(value).alias(f"max{i}"),
+                # Spark Connect hands TIMESTAMP values over as naive datetimes in this process's time zone;
+                # microseconds since the epoch cross over exactly.
+                exact = F.unix_micros if isinstance(source_types.get(keys[i][1].lower()), TimestampType) else None
+                if exact is not None:
+                    instants.add(i)
+                aggs += [(exact(F.min(value)) if exact else F.min(value)).alias(f"min{i}"),
+                         (exact(F.max(value)) if exact else F.max(value)).alias(f"max{i}"),
                          F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
                 if keys[i][0].lower() in partition_cols:
-                    aggs.append(F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
-                                .alias(f"values{i}"))
+                    values = F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
+                    aggs.append((F.transform(values, exact) if exact else values).alias(f"values{i}"))
             row = source.agg(*aggs).collect()[0].asDict()
             for i in missing:
-                ranges[i] = _KeyRange(row[f"min{i}"], row[f"max{i}"], int(row[f"nulls{i}"] or 0),
-                                      row.get(f"values{i}"))
+                low, high, values = row[f"min{i}"], row[f"max{i}"], row.get(f"values{i}")
+                if i in instants:
+                    low, high = _instant(low), _instant(high)
+                    values = None if values is None else [_instant(v) for v in values]
+                ranges[i] = _KeyRange(low, high, int(row[f"nulls{i}"] or 0), values)
         null_safe_columns = set()
         for c in conjuncts(parse_expression(self.spec.on, "on")):
             if isinstance(c, exp.NullSafeEQ):

@@ -12,6 +12,7 @@ InsertOnlyMergeExecutor: a left-anti join of the source against the target, appe
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -371,13 +372,16 @@ class ClassicMergeExecutor:
             joined.groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL)
             .agg(F.count(F.lit(1)).alias("n"), F.first(key).alias("key"))
             .where(F.col("n") > 1)
-            .select("key", "n")
+            # Rendered by Spark (timestamps in the session's UTC): Spark Connect would hand TIMESTAMP values
+            # over as naive datetimes in this process's time zone.
+            .select(F.to_json("key").alias("key"), "n")
             .limit(MULTIPLE_MATCH_EXAMPLES)
             .collect()
         )
         described = []
         for row in examples:
-            values = ", ".join(f"{name}={row['key'][i]!r}" for i, name in enumerate(exprs))
+            key_values = json.loads(row["key"])
+            values = ", ".join(f"{name}={json.dumps(key_values.get(name))}" for name in exprs)
             described.append(f"({values}) matched {row['n']} source rows")
         return base + " Duplicate source keys: " + "; ".join(described) + "."
 

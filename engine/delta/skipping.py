@@ -467,6 +467,9 @@ def parse_predicate(predicate: str | exp.Expression) -> exp.Expression:
 # --- evaluating against one file -------------------------------------------------------------------------------
 
 
+DOUBLE_DIGITS = 17
+
+
 def _string_successor(prefix: str) -> str | None:
     """The least string greater than every string that starts with ``prefix`` (None if none exists)."""
     chars = list(prefix)
@@ -547,9 +550,24 @@ class _FileView:
             elif isinstance(dtype, T.StringType):
                 low = low if isinstance(low, str) else None
                 high = _string_upper_bound(high) if isinstance(high, str) else None
+            elif isinstance(dtype, T.DecimalType):
+                low, high = _decimal_bound(low, -1), _decimal_bound(high, 1)
         except OverflowError:
             return None, None
         return low, high
+
+
+def _decimal_bound(value: Any, direction: int) -> Decimal | None:
+    """A decimal statistic widened by what a trip through a double may have cost it: some writers (delta-rs)
+    record decimal bounds as doubles, and a double prints with at most 17 significant digits, so a bound with
+    more digits was written exactly."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = Decimal(value)
+    if not isinstance(value, Decimal) or not value.is_finite():
+        return None
+    if len(value.normalize().as_tuple().digits) > DOUBLE_DIGITS:
+        return value
+    return value + direction * 2 * Decimal(math.ulp(float(value)))
 
 
 def _cmp(op: str, left: Any, right: Any) -> bool:

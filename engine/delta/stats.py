@@ -21,6 +21,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
@@ -140,17 +141,42 @@ def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
     target[path[-1]] = value
 
 
+def _type_leaves(dtype: pa.DataType, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+    if pa.types.is_struct(dtype):
+        return [leaf for i in range(dtype.num_fields)
+                for leaf in _type_leaves(dtype.field(i).type, (*path, dtype.field(i).name))]
+    if pa.types.is_map(dtype):
+        return [*_type_leaves(dtype.key_type, (*path, "key_value", "key")),
+                *_type_leaves(dtype.item_type, (*path, "key_value", "value"))]
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype):
+        return _type_leaves(dtype.value_type, (*path, "list", "element"))
+    return [path]
+
+
+def _column_paths(metadata: pq.FileMetaData) -> list[tuple[str, ...]]:
+    """Each Parquet leaf column's path as names: ``path_in_schema`` joins them with dots, which a name may
+    hold (a column ``a.b`` is not the field ``b`` of ``a``), so the paths come from the schema's tree."""
+    try:
+        paths = [leaf for f in metadata.schema.to_arrow_schema() for leaf in _type_leaves(f.type, (f.name,))]
+    except (pa.ArrowException, ValueError):
+        paths = []
+    if len(paths) != metadata.num_columns:
+        paths = [tuple(metadata.schema.column(i).path.split(".")) for i in range(metadata.num_columns)]
+    return paths
+
+
 def stats_from_footer(metadata: pq.FileMetaData, data_schema: T.StructType,
                       configuration: Mapping[str, str]) -> FileStats:
     """Delta statistics for one Parquet file from its footer."""
     num_rows = metadata.num_rows
     columns: dict[tuple[str, ...], list[Any]] = {}
     lowered: dict[tuple[str, ...], tuple[str, ...]] = {}
+    paths = _column_paths(metadata)
     for rg_index in range(metadata.num_row_groups):
         rg = metadata.row_group(rg_index)
         for col_index in range(rg.num_columns):
             chunk = rg.column(col_index)
-            path = tuple(chunk.path_in_schema.split("."))
+            path = paths[col_index]
             columns.setdefault(path, []).append((rg.num_rows, chunk.statistics))
             lowered.setdefault(tuple(p.lower() for p in path), path)
 

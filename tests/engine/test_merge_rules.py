@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -541,3 +542,53 @@ def test_insert_fills_in_column_defaults(spark: SparkSession, tmp_path: Path) ->
     assert rows(target) == [(1, "new", 2), (2, "given", 2)]
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.n")]))
     assert rows(target) == [(1, "new", 5), (2, "given", 6)]
+
+
+def test_decimal_keys_whose_bounds_were_logged_through_doubles(spark: SparkSession, tmp_path: Path) -> None:
+    """delta-rs logs decimal bounds as doubles (below the true maximum here): neither the target's file
+    skipping nor the source's key range may trust them, or the matching row is missed and a duplicate key
+    inserted."""
+    key = Decimal("123456789012.3456789012")
+    decimal_type = pa.decimal128(38, 10)
+    target = tmp_path / "t"
+    for keys in ([Decimal("1"), key], [Decimal("-3")]):
+        write_deltalake(str(target), pa.table({"k": pa.array(keys, decimal_type), "v": pa.array([0] * len(keys))}),
+                        mode="append")
+    inline = MergeSpec(target=str(target), source=RowsSource([{"k": str(key), "v": 2}], "k DECIMAL(38,10), v BIGINT"),
+                       on="t.k = s.k", matched=(clause("matched", "update_all"),),
+                       not_matched=(clause("notMatched", "insert_all"),), target_alias="t", source_alias="s")
+    result = run_merge(spark, inline)
+    assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (1, 0)
+    source = tmp_path / "s"
+    write_deltalake(str(source), pa.table({"k": pa.array([key], decimal_type), "v": pa.array([3])}))
+    result = run_merge(spark, make_spec(target, source, "t.k = s.k", UPSERT))
+    assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (1, 0)
+    assert sorted(rows(target)) == [(Decimal("-3.0000000000"), 0), (Decimal("1.0000000000"), 0), (key, 3)]
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
+def test_timestamp_keys_do_not_depend_on_the_host_time_zone(spark: SparkSession, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            partitioned: bool) -> None:
+    """Spark Connect hands TIMESTAMP values to Python as naive local times: the source's key range must not
+    shift with the time zone of the process that runs the merge."""
+    import datetime as dt
+    import time
+
+    stamps = [dt.datetime(2024, 1, 1, h, tzinfo=dt.UTC) for h in (0, 12)]
+    target = tmp_path / "t"
+    for stamp in stamps:
+        write_deltalake(str(target), pa.table({"ts": pa.array([stamp], pa.timestamp("us", tz="UTC")),
+                                               "v": pa.array([0])}),
+                        mode="append", partition_by=["ts"] if partitioned else None)
+    source = write_table(tmp_path / "s", pa.table({"ts": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+                                                   "v": pa.array([1, 2])}))
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        result = run_merge(spark, make_spec(target, source, "t.ts = s.ts", UPSERT))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (2, 0)
+    assert result.metrics["numTargetFilesAfterSkipping"] == 2

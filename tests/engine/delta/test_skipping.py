@@ -412,3 +412,21 @@ def test_predicates_as_sqlglot_and_bad_text(empty_snapshot: Snapshot) -> None:
     assert FilePredicate("i < 10", empty_snapshot.spark_schema, ["p"]).might_match(add)
     with pytest.raises(MergeSpecError):
         prune_files(empty_snapshot, [add], "i >")
+
+
+def test_decimal_bounds_rounded_through_doubles_still_keep_the_row(table_dir: Path) -> None:
+    """delta-rs records decimal bounds as doubles: 123456789012.3456789012 is logged as 123456789012.34567,
+    below the value. Bounds of at most 17 digits are widened by what a double may have lost; exact bounds
+    with more digits are trusted as they are."""
+    path = str(table_dir / "decimals")
+    exact = Decimal("123456789012.3456789012")
+    decimal_type = pa.decimal128(38, 10)
+    for values in ([Decimal("1.5"), exact], [Decimal("-5"), Decimal("0")]):
+        write_deltalake(path, pa.table({"k": pa.array(values, decimal_type)}), mode="append")
+    snapshot = load_snapshot(path)
+    logged = {str(f.stats.max_values["k"]) for f in snapshot.files if f.stats is not None}
+    assert "123456789012.3456789012" not in logged  # the lossy bound this guards against
+    kept = prune_files(snapshot, snapshot.files, f"k = {exact}")
+    assert len(kept) == 1 and kept[0].stats is not None and kept[0].stats.min_values["k"] == Decimal("1.5")
+    assert prune_files(snapshot, snapshot.files, f"k >= {exact}") == kept
+    assert prune_files(snapshot, snapshot.files, "k > 123456789013") == []

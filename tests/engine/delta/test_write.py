@@ -94,6 +94,28 @@ def test_statistics_match_what_deltalake_writes(spark: SparkSession, lake: Path)
     assert sorted_rows(DeltaTable(str(ours)).to_pyarrow_table()) == sorted_rows(data)
 
 
+def test_statistics_of_names_with_dots(spark: SparkSession, lake: Path) -> None:
+    """A column ``a.b`` is not the field ``b`` of a column ``a``: its statistics (and those of a struct field
+    named with a dot) describe its own values, so readers and data skipping see them."""
+    data = pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()),
+        "a.b": ["x", None, "z"],
+        "s": pa.array([{"f.g": 5, "h": 1}, {"f.g": 7, "h": None}, {"f.g": None, "h": 3}],
+                      pa.struct([("f.g", pa.int64()), ("h", pa.int64())])),
+    })
+    table = lake / "dots"
+    DeltaTable.create(str(table), data.schema)
+    snapshot = load_snapshot(str(table))
+    adds = write_data_files(spark, spark.createDataFrame(data).coalesce(1), snapshot, write_id="w1")
+    _commit_adds(snapshot, adds)
+    stats = adds[0].stats
+    assert stats is not None
+    assert stats.null_count == {"id": 0, "a.b": 1, "s": {"f.g": 1, "h": 1}}
+    assert stats.min_values == {"id": 1, "a.b": "x", "s": {"f.g": 5, "h": 1}}
+    assert stats.max_values == {"id": 3, "a.b": "z", "s": {"f.g": 7, "h": 3}}
+    assert sorted_rows(DeltaTable(str(table)).to_pyarrow_table()) == sorted_rows(data)
+
+
 def test_statistics_json_is_deltas_format(spark: SparkSession, lake: Path) -> None:
     data = pa.table({
         "id": pa.array([2, 1], pa.int64()),
