@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import sqlglot
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
@@ -93,7 +94,9 @@ def parse_schema(ddl: str) -> pa.Schema:
         kind = column.args.get("kind") if isinstance(column, exp.ColumnDef) else None
         if kind is None:
             raise SourceError(f"schema: {column.sql()!r} needs a name and a type.")
-        fields.append(pa.field(column.name, _arrow_type(kind, column.name)))
+        not_null = any(isinstance(c.kind, exp.NotNullColumnConstraint) and not c.kind.args.get("allow_null")
+                       for c in column.args.get("constraints") or [])
+        fields.append(pa.field(column.name, _arrow_type(kind, column.name), nullable=not not_null))
     names = [f.name.lower() for f in fields]
     if len(set(names)) != len(names):
         raise SourceError("schema: a column name appears twice.")
@@ -227,6 +230,9 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
         for name, convert in converters.items():
             value = values.get(name)
             if value is None:
+                if not by_name[name.lower()].nullable:
+                    raise SourceRowError(f"rows[{index}].{name}: NULL in a NOT NULL column.", row=index,
+                                         column=name)
                 columns[name].append(None)
                 continue
             try:
@@ -267,6 +273,8 @@ def source_dataframe(spark: SparkSession, source: Source, views: list[str] | Non
         return read_table_source(spark, source)
     if isinstance(source, RowsSource):
         table = rows_to_arrow(source.rows, source.schema)
+        if not table.num_rows:  # Spark infers a schema from the rows, so none are sent
+            return spark.createDataFrame([], schema=from_arrow_schema(table.schema))
         return spark.createDataFrame(table)
     if isinstance(source, QuerySource):
         suffix = uuid.uuid4().hex[:12]

@@ -92,8 +92,8 @@ class StructuredMergeIn(_Strict):
     when_matched: list[MatchedClause] = Field(default_factory=list)
     when_not_matched: list[NotMatchedClause] = Field(default_factory=list)
     when_not_matched_by_source: list[NotMatchedBySourceClause] = Field(default_factory=list)
-    schema_evolution: bool = False
-    dry_run: bool = False
+    schema_evolution: StrictBool = False
+    dry_run: StrictBool = False
 
 
 class SqlMergeIn(_Strict):
@@ -101,8 +101,8 @@ class SqlMergeIn(_Strict):
     mean what they mean for a structured spec (``MERGE WITH SCHEMA EVOLUTION INTO`` turns evolution on too)."""
 
     sql: NonEmpty
-    schema_evolution: bool = False
-    dry_run: bool = False
+    schema_evolution: StrictBool = False
+    dry_run: StrictBool = False
 
 
 def _merge_kind(value: Any) -> str:

@@ -7,6 +7,7 @@ import json
 import os
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -592,3 +593,27 @@ def test_timestamp_keys_do_not_depend_on_the_host_time_zone(spark: SparkSession,
         time.tzset()
     assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (2, 0)
     assert result.metrics["numTargetFilesAfterSkipping"] == 2
+
+
+def test_empty_inline_rows_with_a_schema(spark: SparkSession, tmp_path: Path) -> None:
+    """No rows is a source like any other: an upsert changes nothing and commits nothing, and NOT MATCHED BY
+    SOURCE clauses still apply to every target row."""
+    target = write_table(tmp_path / "t", TARGET)
+    empty = RowsSource([], "id BIGINT, v STRING, n BIGINT")
+
+    def spec(*clauses: Any) -> MergeSpec:
+        return MergeSpec(target=str(target), source=empty, on="t.id = s.id", target_alias="t", source_alias="s",
+                         matched=tuple(c for c in clauses if c.clause_type == "matched"),
+                         not_matched=tuple(c for c in clauses if c.clause_type == "notMatched"),
+                         not_matched_by_source=tuple(c for c in clauses if c.clause_type == "notMatchedBySource"))
+
+    result = run_merge(spark, spec(*UPSERT))
+    assert result.table_version is None and result.result["num_affected_rows"] == 0
+    assert result.metrics["numSourceRows"] == 0
+    result = run_merge(spark, spec(clause("notMatchedBySource", "delete", "t.id > 2"),
+                                   clause("notMatchedBySource", "update", v="'gone'")))
+    assert result.table_version == 1
+    assert (result.result["num_deleted_rows"], result.result["num_updated_rows"]) == (
+        sum(1 for i in TARGET.column("id").to_pylist() if i > 2),
+        sum(1 for i in TARGET.column("id").to_pylist() if i <= 2))
+    assert {r[1] for r in rows(target)} == {"gone"}

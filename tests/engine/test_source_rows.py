@@ -62,3 +62,12 @@ def test_types_are_inferred_without_a_schema() -> None:
     table = rows_to_arrow([{"id": 1, "name": "a", "nothing": None}], None)
     assert table.schema.field("id").type == pa.int64()
     assert table.schema.field("nothing").type == pa.string()
+
+
+def test_not_null_in_the_schema_is_kept_and_enforced() -> None:
+    table = rows_to_arrow([{"id": 1}], "id BIGINT NOT NULL, name STRING")
+    assert not table.schema.field("id").nullable and table.schema.field("name").nullable
+    for row in ({"id": None, "name": "z"}, {"name": "z"}):
+        with pytest.raises(SourceRowError, match=r"rows\[1\]\.id: NULL in a NOT NULL column") as info:
+            rows_to_arrow([{"id": 1}, row], "id BIGINT NOT NULL, name STRING")
+        assert (info.value.row, info.value.column) == (1, "id")

@@ -128,6 +128,10 @@ def test_sql_body_takes_dry_run_and_schema_evolution(client: TestClient, target:
         ({"source": {"format": "avro", "path": "/x"}}, "source.format"),
         ({"source": {"rows": [{"id": 1}, {"id": "x"}], "schema": "id BIGINT"}}, "source.rows[1].id"),
         ({"source": {"rows": [{"id": 1}], "schema": "id NOT_A_TYPE"}}, "source.schema"),
+        ({"source": {"rows": [{"id": 1}, {"id": None}], "schema": "id BIGINT NOT NULL"}}, "source.rows[1].id"),
+        ({"dry_run": "yes"}, "dry_run"),
+        ({"dry_run": 1}, "dry_run"),
+        ({"schema_evolution": "true"}, "schema_evolution"),
         # A clause that sees one side only may not name the other (no schema needed to know it).
         ({"when_not_matched": [{"action": "insert", "values": {"id": "s.id", "amount": "t.amount"}}]},
          "when_not_matched[0].values.amount"),
