@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -136,6 +136,10 @@ def _literal(value: Any) -> exp.Expression | None:
 
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _as_is(column: Column) -> Column:
+    return column
 
 
 def _instant(micros: int | None) -> dt.datetime | None:
@@ -362,15 +366,14 @@ class MergeIntoCommand:
                 value = F.col(quote_identifier(keys[i][1]))
                 # Spark Connect hands TIMESTAMP values over as naive datetimes in this process's time zone;
                 # microseconds since the epoch cross over exactly.
-                exact = F.unix_micros if isinstance(source_types.get(keys[i][1].lower()), TimestampType) else None
-                if exact is not None:
+                if isinstance(source_types.get(keys[i][1].lower()), TimestampType):
                     instants.add(i)
-                aggs += [(exact(F.min(value)) if exact else F.min(value)).alias(f"min{i}"),
-                         (exact(F.max(value)) if exact else F.max(value)).alias(f"max{i}"),
+                crossed = F.unix_micros if i in instants else _as_is
+                aggs += [crossed(F.min(value)).alias(f"min{i}"), crossed(F.max(value)).alias(f"max{i}"),
                          F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
                 if keys[i][0].lower() in partition_cols:
                     values = F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
-                    aggs.append((F.transform(values, exact) if exact else values).alias(f"values{i}"))
+                    aggs.append((F.transform(values, crossed) if i in instants else values).alias(f"values{i}"))
             row = source.agg(*aggs).collect()[0].asDict()
             for i in missing:
                 low, high, values = row[f"min{i}"], row[f"max{i}"], row.get(f"values{i}")
