@@ -65,7 +65,9 @@ def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -
     """Delta's rules for merge expressions: no subqueries, aggregates or window functions; conditions must
     be deterministic. Also refuses functions that reach outside the data."""
     for sub in node.walk():
-        if isinstance(sub, (exp.Subquery, exp.Query, exp.Exists)):
+        # ``exists(array, x -> ...)`` is a higher-order function, not EXISTS (subquery).
+        if isinstance(sub, (exp.Subquery, exp.Query)) or (
+                isinstance(sub, exp.Exists) and isinstance(sub.this, (exp.Subquery, exp.Query))):
             raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.")
         if isinstance(sub, exp.Window):
             raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.")

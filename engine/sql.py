@@ -31,6 +31,9 @@ FORMATS = ("delta", "parquet", "json", "csv")
 
 
 def _table_source(table: exp.Table, where: str) -> TableSource:
+    for arg, what in (("version", "time travel (VERSION/TIMESTAMP AS OF)"), ("sample", "TABLESAMPLE")):
+        if table.args.get(arg) is not None:
+            raise MergeSpecError(f"{where}: {what} is not supported; got {sql(table)!r}.")
     fmt = (table.db or "").lower()
     if fmt not in FORMATS or not table.name or table.catalog:
         raise MergeSpecError(
@@ -77,17 +80,26 @@ def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
     return result
 
 
+def _star(node: exp.Expression, where: str) -> bool:
+    """Whether ``node`` is ``*``; a ``* EXCEPT (...)`` is refused rather than read as every column."""
+    if not isinstance(node, exp.Star):
+        return False
+    if any(node.args.get(k) for k in ("except_", "except", "replace", "rename", "ilike")):
+        raise MergeSpecError(f"{where}: {sql(node)!r} is not supported; list the columns to assign instead.")
+    return True
+
+
 def _action(when: exp.When, where: str) -> Action:
     then = when.args.get("then")
     if isinstance(then, exp.Var) and then.name.upper() == "DELETE":
         return DeleteAction()
     if isinstance(then, exp.Update):
         items = then.expressions
-        if len(items) == 1 and isinstance(items[0], exp.Star):
+        if len(items) == 1 and _star(items[0], where):
             return UpdateAction(star=True)
         return UpdateAction(set=_assignments(items, where))
     if isinstance(then, exp.Insert):
-        if isinstance(then.this, exp.Star):
+        if _star(then.this, where):
             return InsertAction(star=True)
         columns = then.this.expressions if isinstance(then.this, exp.Tuple) else []
         values = then.expression.expressions if isinstance(then.expression, exp.Tuple) else []
@@ -100,7 +112,9 @@ def _action(when: exp.When, where: str) -> Action:
     raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
 
 
-_WITH_SCHEMA_EVOLUTION = re.compile(r"^(\s*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE)
+_WITH_SCHEMA_EVOLUTION = re.compile(
+    r"^((?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE | re.DOTALL)
+"""The clause sqlglot does not read, after any leading whitespace and comments."""
 
 
 def parse_merge_sql(text: str) -> MergeSpec:
@@ -125,7 +139,7 @@ def parse_merge_sql(text: str) -> MergeSpec:
         raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.")
     using = merge.args.get("using")
     on = merge.args.get("on")
-    if using is None or on is None:
+    if using is None or not isinstance(on, exp.Expression):
         raise MergeSpecError("sql: MERGE needs USING and ON.")
     groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
     whens = merge.args.get("whens")

@@ -199,3 +199,36 @@ def test_a_clause_may_not_name_the_side_it_cannot_see() -> None:
             set={"v": "aggregate(t.tags, '', (acc, s) -> concat(acc, s))",
                  "w": "transform(t.items, s -> s.price * 2)"})),),
     ))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{P} WHEN MATCHED THEN UPDATE SET * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
+    ("{P} WHEN NOT MATCHED THEN INSERT * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
+    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` VERSION AS OF 3 s ON t.id = s.id WHEN MATCHED THEN DELETE",
+     r"USING: time travel"),
+    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` TIMESTAMP AS OF '2024-01-01' s ON t.id = s.id "
+     "WHEN MATCHED THEN DELETE", r"USING: time travel"),
+    ("MERGE INTO delta.`/lake/t` t USING (SELECT * FROM delta.`/lake/a` TABLESAMPLE (10 PERCENT)) s ON t.id = s.id "
+     "WHEN MATCHED THEN DELETE", r"TABLESAMPLE is not supported"),
+    ("MERGE INTO delta.`/lake/t` VERSION AS OF 3 t USING delta.`/lake/s` s ON t.id = s.id WHEN MATCHED THEN DELETE",
+     r"MERGE INTO: time travel"),
+    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s WHEN MATCHED THEN DELETE", r"MERGE needs USING and ON"),
+])
+def test_sql_that_would_change_meaning_is_refused(text: str, message: str) -> None:
+    """Syntax the engine does not carry out is refused by name, never dropped: a merge must do what it says."""
+    with pytest.raises(MergeSpecError, match=message):
+        validate_spec(parse_merge_sql(text.format(P="MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s "
+                                                    "ON t.id = s.id")))
+
+
+def test_sql_comments_before_merge_with_schema_evolution_and_exists_lambdas() -> None:
+    spec = validate_spec(parse_merge_sql(
+        "-- nightly load\n/* owner: data */ MERGE WITH SCHEMA EVOLUTION INTO delta.`/lake/t` t "
+        "USING delta.`/lake/s` s ON t.id = s.id "
+        "WHEN MATCHED AND exists(s.tags, x -> x = 'vip') THEN UPDATE SET flag = exists(s.codes, c -> c > 1)"))
+    assert spec.schema_evolution
+    assert spec.matched[0].condition is not None and "x -> x = 'vip'" in spec.matched[0].condition
+    # EXISTS over a query is still a subquery.
+    with pytest.raises(MergeSpecError, match="subqueries are not supported"):
+        validate_spec(parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id "
+                                      "WHEN MATCHED AND EXISTS (SELECT 1) THEN DELETE"))
