@@ -403,6 +403,11 @@ class Resolver:
                 elif isinstance(assigned.get(key), dict):
                     values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
                     given.add(key)
+                elif key in assigned and str(assigned[key]).strip().upper() == "DEFAULT":
+                    # The DEFAULT keyword: the column's default value (allowColumnDefaults), else NULL.
+                    values.append((str(f.metadata[DEFAULT_KEY]), True) if f.metadata and f.metadata.get(
+                        DEFAULT_KEY) is not None else ("NULL", True))
+                    given.add(key)
                 elif key in assigned:
                     values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
                     given.add(key)

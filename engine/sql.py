@@ -53,7 +53,10 @@ def _source(using: exp.Expression) -> Source:
     if isinstance(using, exp.Subquery) and isinstance(using.this, exp.Query):
         query = using.this.copy()
         relations: dict[str, TableSource] = {}
+        ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
         for table in list(query.find_all(exp.Table)):
+            if not table.db and table.name.lower() in ctes:
+                continue  # a name the query's own WITH defines
             source = _table_source(table, "USING (SELECT ...)")
             name = f"__merge_source_{len(relations)}"
             relations[name] = source

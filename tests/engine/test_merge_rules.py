@@ -543,6 +543,13 @@ def test_insert_fills_in_column_defaults(spark: SparkSession, tmp_path: Path) ->
     assert rows(target) == [(1, "new", 2), (2, "given", 2)]
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.n")]))
     assert rows(target) == [(1, "new", 5), (2, "given", 6)]
+    # The DEFAULT keyword in an assignment is the column's default (NULL for a column without one).
+    more = write_table(tmp_path / "more", pa.table({"id": pa.array([2, 3], pa.int64())}))
+    run_merge(spark, parse_merge_sql(
+        f"MERGE INTO delta.`{target}` t USING delta.`{more}` s ON t.id = s.id "
+        "WHEN MATCHED THEN UPDATE SET status = DEFAULT, n = default "
+        "WHEN NOT MATCHED THEN INSERT (id, status, n) VALUES (s.id, 'x', DEFAULT)"))
+    assert rows(target) == [(1, "new", 5), (2, "new", 2), (3, "x", 2)]
 
 
 def test_decimal_keys_whose_bounds_were_logged_through_doubles(spark: SparkSession, tmp_path: Path) -> None:

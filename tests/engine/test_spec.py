@@ -221,6 +221,15 @@ def test_sql_that_would_change_meaning_is_refused(text: str, message: str) -> No
                                                     "ON t.id = s.id")))
 
 
+def test_a_source_query_may_define_its_own_names_with_with() -> None:
+    spec = validate_spec(parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` t USING (WITH c AS (SELECT id FROM delta.`/lake/a`) SELECT * FROM c) s "
+        "ON t.id = s.id WHEN MATCHED THEN DELETE"))
+    assert isinstance(spec.source, QuerySource)
+    assert list(spec.source.relations.values()) == [TableSource(format="delta", path="/lake/a")]
+    assert "FROM c" in spec.source.query
+
+
 def test_sql_comments_before_merge_with_schema_evolution_and_exists_lambdas() -> None:
     spec = validate_spec(parse_merge_sql(
         "-- nightly load\n/* owner: data */ MERGE WITH SCHEMA EVOLUTION INTO delta.`/lake/t` t "
