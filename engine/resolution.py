@@ -99,6 +99,12 @@ def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
     return False
 
 
+def _column_default(column: StructField) -> str:
+    """The column's default value as SQL (allowColumnDefaults' CURRENT_DEFAULT), else NULL."""
+    default = (column.metadata or {}).get(DEFAULT_KEY)
+    return "NULL" if default is None else str(default)
+
+
 def sql_string(text: str) -> str:
     """A Spark SQL string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -381,10 +387,8 @@ class Resolver:
                 # value (allowColumnDefaults), else NULL; a column new by schema evolution is NULL.
                 if is_update and key not in new_lower:
                     default = (f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
-                elif key not in new_lower and f.metadata and f.metadata.get(DEFAULT_KEY) is not None:
-                    default = (str(f.metadata[DEFAULT_KEY]), True)
                 else:
-                    default = ("NULL", True)
+                    default = ("NULL" if key in new_lower else _column_default(f), True)
                 if action.star:
                     src = self._source_field(f.name)
                     if src is not None:
@@ -405,8 +409,7 @@ class Resolver:
                     given.add(key)
                 elif key in assigned and str(assigned[key]).strip().upper() == "DEFAULT":
                     # The DEFAULT keyword: the column's default value (allowColumnDefaults), else NULL.
-                    values.append((str(f.metadata[DEFAULT_KEY]), True) if f.metadata and f.metadata.get(
-                        DEFAULT_KEY) is not None else ("NULL", True))
+                    values.append((_column_default(f), True))
                     given.add(key)
                 elif key in assigned:
                     values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
