@@ -23,7 +23,7 @@ After each workload both tables are read back with ``deltalake`` and compared in
 column sorted by id), and the merge counts are checked against the counts the data was built for, so a fast wrong
 answer fails the run (exit code 1). Missed targets are reported, not failed: the exit code is 0.
 
-    .venv/bin/python bench/merge_bench.py [--rows N] [--files N] [--only 1,3] [--repeat N] [--cdf] [--keep]
+    .venv/bin/python bench/merge_bench.py [--rows N] [--files N] [--only 1,3] [--repeat N] [--warmup N] [--cdf] [--keep]
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ if str(ROOT) not in sys.path:
 
 MARKER = ".merge-bench"
 MEMORY_TARGET_MB = 500.0
-WARMUP_ROWS = 500_000
 US_PER_DAY = 86_400_000_000
 TARGET_EPOCH_US = 1_577_836_800_000_000  # 2020-01-01T00:00:00Z
 SOURCE_EPOCH_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
@@ -549,7 +548,8 @@ def run_workload(
         "warm_table": str(ctx.workdir / "warm-table"),
         "jvm_pid": ctx.jvm_pid,
     }
-    for attempt in range(ctx.args.repeat):
+    warmup = ctx.args.warmup
+    for attempt in range(warmup + ctx.args.repeat):
         fresh_copy(base, engine_path)
         with PeakSampler(ctx.jvm_pid) as jvm:
             out = run_child("engine", {**job, "target": str(engine_path)}, ctx.workdir, f"w{workload.key}")
@@ -560,20 +560,26 @@ def run_workload(
         if out["status"] != "ok":
             outcome.crashed.append(f"engine: {out['error']}" + (f"\n{out['traceback']}" if "traceback" in out else ""))
             break
+        if attempt < warmup:
+            log(f"  engine   warm-up {attempt + 1}: {out['wall_s']:7.2f} s (untimed)")
+            continue
         outcome.engine_times.append(out["wall_s"])
         if outcome.engine is None or out["wall_s"] <= min(outcome.engine_times):
             outcome.engine = out
-        log(f"  engine   run {attempt + 1}: {out['wall_s']:7.2f} s")
-    for attempt in range(ctx.args.repeat):
+        log(f"  engine   run {attempt + 1 - warmup}: {out['wall_s']:7.2f} s")
+    for attempt in range(warmup + ctx.args.repeat):
         fresh_copy(base, deltars_path)
         out = run_child("deltars", {**job, "target": str(deltars_path)}, ctx.workdir, f"w{workload.key}")
         if out["status"] != "ok":
             outcome.crashed.append(f"delta-rs: {out['error']}")
             break
+        if attempt < warmup:
+            log(f"  delta-rs warm-up {attempt + 1}: {out['wall_s']:7.2f} s (untimed)")
+            continue
         outcome.deltars_times.append(out["wall_s"])
         if outcome.deltars is None or out["wall_s"] <= min(outcome.deltars_times):
             outcome.deltars = out
-        log(f"  delta-rs run {attempt + 1}: {out['wall_s']:7.2f} s")
+        log(f"  delta-rs run {attempt + 1 - warmup}: {out['wall_s']:7.2f} s")
     if outcome.engine is not None and outcome.deltars is not None:
         check_counts(outcome)
         rows_after = base_rows + expected.inserted - expected.deleted
@@ -601,32 +607,6 @@ def run_workload(
 
 
 # --- report --------------------------------------------------------------------------------------------------------
-
-
-def warm_up(ctx: Context, workloads: Sequence[Workload], rng: np.random.Generator,
-            log: Callable[[str], None]) -> None:
-    """One untimed merge of each workload's shape on a smaller table, on both sides. A long-running service's
-    Spark server has compiled its hot code paths; a fresh JVM interprets them for its first merges of each shape,
-    which would measure the JIT compiler rather than the merge."""
-    args = ctx.args
-    warm_rows = min(args.rows, WARMUP_ROWS)
-    warm_files = min(args.files, 4)
-    bases: dict[bool, Path] = {}
-    files: dict[bool, int] = {}
-    for cdf in sorted({w.cdf for w in workloads}):
-        bases[cdf] = ctx.workdir / f"warmup-base{'-cdf' if cdf else ''}"
-        files[cdf] = build_target(bases[cdf], warm_rows, warm_files, rng, cdf=cdf)
-    wctx = Context(argparse.Namespace(**{**vars(args), "repeat": 1, "rows": warm_rows}), ctx.workdir, ctx.remote,
-                   ctx.jvm_pid, bases, files, ctx.session_id)
-    for w in workloads:
-        source = ctx.workdir / "sources" / f"warmup-{w.key}"
-        expected = build_source(source, w, warm_rows, rng)
-        o = run_workload(wctx, w, source, expected, lambda m: None)
-        if o.crashed or o.problems:
-            log(f"warm-up merge ({w.key}) failed: " + "; ".join(o.crashed + o.problems))
-        else:
-            log(f"warm-up merge ({w.key}, {warm_rows:,} rows, untimed): engine {secs(o.engine_s)} s, "
-                f"delta-rs {secs(o.deltars_s)} s")
 
 
 def load_average() -> str:
@@ -859,7 +839,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=5_000_000, help="target rows (default 5,000,000)")
     p.add_argument("--files", type=int, default=20, help="target files (default 20)")
     p.add_argument("--only", default="", help="workloads to run, e.g. 3 or 1,4 (default: 1-5)")
-    p.add_argument("--repeat", type=int, default=1, help="runs per side; the best time counts (default 1)")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best time counts (default 3)")
     p.add_argument("--cdf", action="store_true", help="add workload (1) on CDF-enabled tables (issue 6)")
     p.add_argument("--dir", type=Path, default=Path("/tmp/merge-bench"), help="work folder (default /tmp/merge-bench)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -872,12 +852,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="true",
         help="delta-rs merge's streamed_exec (its default, true)",
     )
-    p.add_argument("--no-warmup", action="store_true",
-                   help="skip the untimed warm-up merges (one per workload shape, on a smaller table)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed runs per side before each workload's timed runs (default 2; 0 measures a cold Spark server)",
+    )
     p.add_argument("--child", nargs=2, metavar=("SIDE", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.rows < 100 or args.files < 1 or args.repeat < 1:
-        p.error("--rows must be at least 100, --files and --repeat at least 1")
+    if args.rows < 100 or args.files < 1 or args.repeat < 1 or args.warmup < 0:
+        p.error("--rows must be at least 100, --files and --repeat at least 1, --warmup at least 0")
     keys = [k.strip() for k in args.only.split(",") if k.strip()] or ["1", "2", "3", "4", "5"]
     unknown = [k for k in keys if k not in WORKLOADS]
     if unknown:
@@ -970,8 +954,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         with spark_server(args, workdir) as (remote, jvm_pid):
             log(f"Spark Connect server up at {remote}")
             ctx = Context(args, workdir, remote, jvm_pid, bases, total_files)
-            if not args.no_warmup:
-                warm_up(ctx, workloads, rng, log)
             for w in workloads:
                 path, expected = sources[w.key]
                 log(f"workload ({w.key}) {w.title}: {expected.source_rows:,} source rows")
