@@ -531,15 +531,8 @@ def fresh_copy(base: Path, dest: Path) -> None:
     shutil.copytree(base, dest)
 
 
-def run_workload(
-    ctx: Context, workload: Workload, source: Path, expected: Expected, log: Callable[[str], None]
-) -> Outcome:
-    outcome = Outcome(workload, expected)
-    base = ctx.bases[workload.cdf]
-    runs = ctx.workdir / "runs"
-    engine_path, deltars_path = runs / f"w{workload.key}-engine", runs / f"w{workload.key}-deltars"
-    base_rows = ctx.args.rows
-    job = {
+def _job(ctx: Context, workload: Workload, source: Path) -> dict[str, Any]:
+    return {
         "source": str(source),
         "kind": workload.kind,
         "remote": ctx.remote,
@@ -548,41 +541,57 @@ def run_workload(
         "warm_table": str(ctx.workdir / "warm-table"),
         "jvm_pid": ctx.jvm_pid,
     }
-    warmup = ctx.args.warmup
-    for attempt in range(warmup + ctx.args.repeat):
-        fresh_copy(base, engine_path)
-        with PeakSampler(ctx.jvm_pid) as jvm:
-            out = run_child("engine", {**job, "target": str(engine_path)}, ctx.workdir, f"w{workload.key}")
-        outcome.jvm_peak = max(outcome.jvm_peak or 0, jvm.peak) or None
-        if out["status"] == "unsupported":
-            outcome.unsupported = out["error"]
-            break
-        if out["status"] != "ok":
-            outcome.crashed.append(f"engine: {out['error']}" + (f"\n{out['traceback']}" if "traceback" in out else ""))
-            break
-        if attempt < warmup:
-            log(f"  engine   warm-up {attempt + 1}: {out['wall_s']:7.2f} s (untimed)")
-            continue
-        outcome.engine_times.append(out["wall_s"])
-        if outcome.engine is None or out["wall_s"] <= min(outcome.engine_times):
+
+
+def _table_paths(ctx: Context, workload: Workload) -> tuple[Path, Path]:
+    runs = ctx.workdir / "runs"
+    return runs / f"w{workload.key}-engine", runs / f"w{workload.key}-deltars"
+
+
+def run_once(ctx: Context, outcome: Outcome, source: Path, timed: bool, log: Callable[[str], None]) -> None:
+    """One run of a workload by each side, each on a fresh copy of the target; ``timed`` runs count."""
+    workload = outcome.workload
+    base = ctx.bases[workload.cdf]
+    engine_path, deltars_path = _table_paths(ctx, workload)
+    job = _job(ctx, workload, source)
+    label = f"run {len(outcome.engine_times) + 1}" if timed else "warm-up"
+    fresh_copy(base, engine_path)
+    with PeakSampler(ctx.jvm_pid) as jvm:
+        out = run_child("engine", {**job, "target": str(engine_path)}, ctx.workdir, f"w{workload.key}")
+    outcome.jvm_peak = max(outcome.jvm_peak or 0, jvm.peak) or None
+    if out["status"] == "unsupported":
+        outcome.unsupported = out["error"]
+        return
+    if out["status"] != "ok":
+        outcome.crashed.append(f"engine: {out['error']}" + (f"\n{out['traceback']}" if "traceback" in out else ""))
+        return
+    engine_s = out["wall_s"]
+    if timed:
+        outcome.engine_times.append(engine_s)
+        if outcome.engine is None or engine_s <= min(outcome.engine_times):
             outcome.engine = out
-        log(f"  engine   run {attempt + 1 - warmup}: {out['wall_s']:7.2f} s")
-    for attempt in range(warmup + ctx.args.repeat):
-        fresh_copy(base, deltars_path)
-        out = run_child("deltars", {**job, "target": str(deltars_path)}, ctx.workdir, f"w{workload.key}")
-        if out["status"] != "ok":
-            outcome.crashed.append(f"delta-rs: {out['error']}")
-            break
-        if attempt < warmup:
-            log(f"  delta-rs warm-up {attempt + 1}: {out['wall_s']:7.2f} s (untimed)")
-            continue
+    fresh_copy(base, deltars_path)
+    out = run_child("deltars", {**job, "target": str(deltars_path)}, ctx.workdir, f"w{workload.key}")
+    if out["status"] != "ok":
+        outcome.crashed.append(f"delta-rs: {out['error']}")
+        return
+    if timed:
         outcome.deltars_times.append(out["wall_s"])
         if outcome.deltars is None or out["wall_s"] <= min(outcome.deltars_times):
             outcome.deltars = out
-        log(f"  delta-rs run {attempt + 1 - warmup}: {out['wall_s']:7.2f} s")
+    log(
+        f"  ({workload.key}) {label}: engine {engine_s:6.2f} s, delta-rs {out['wall_s']:6.2f} s"
+        + ("" if timed else " (untimed)")
+    )
+
+
+def check_outcome(ctx: Context, outcome: Outcome) -> None:
+    """The last run's tables of both sides, read back and compared, and the counts checked."""
+    workload, expected = outcome.workload, outcome.expected
+    engine_path, deltars_path = _table_paths(ctx, workload)
     if outcome.engine is not None and outcome.deltars is not None:
         check_counts(outcome)
-        rows_after = base_rows + expected.inserted - expected.deleted
+        rows_after = ctx.args.rows + expected.inserted - expected.deleted
         outcome.problems += compare_tables(engine_path, deltars_path, rows_after)
         from deltalake import DeltaTable
 
@@ -603,7 +612,24 @@ def run_workload(
                 outcome.problems.append(f"change rows differ: engine {ours}, delta-rs {theirs}")
     shutil.rmtree(engine_path, ignore_errors=True)
     shutil.rmtree(deltars_path, ignore_errors=True)
-    return outcome
+
+
+def run_rounds(
+    ctx: Context, planned: Sequence[tuple[Workload, Path, Expected]], log: Callable[[str], None]
+) -> list[Outcome]:
+    """Every workload once per round, warm-up rounds first: each workload meets the Spark server as warm as the
+    others, and the machine's slow minutes spread over all of them."""
+    outcomes = [Outcome(w, expected) for w, _, expected in planned]
+    rounds = ctx.args.warmup + ctx.args.repeat
+    for number in range(rounds):
+        timed = number >= ctx.args.warmup
+        log(f"round {number + 1} of {rounds} ({'timed' if timed else 'warm-up, untimed'})")
+        for outcome, (_, source, _) in zip(outcomes, planned, strict=True):
+            if not (outcome.crashed or outcome.unsupported):
+                run_once(ctx, outcome, source, timed, log)
+    for outcome in outcomes:
+        check_outcome(ctx, outcome)
+    return outcomes
 
 
 # --- report --------------------------------------------------------------------------------------------------------
@@ -839,7 +865,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=5_000_000, help="target rows (default 5,000,000)")
     p.add_argument("--files", type=int, default=20, help="target files (default 20)")
     p.add_argument("--only", default="", help="workloads to run, e.g. 3 or 1,4 (default: 1-5)")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per side; the best time counts (default 3)")
+    p.add_argument("--repeat", type=int, default=3, help="timed rounds; each side's best time counts (default 3)")
     p.add_argument("--cdf", action="store_true", help="add workload (1) on CDF-enabled tables (issue 6)")
     p.add_argument("--dir", type=Path, default=Path("/tmp/merge-bench"), help="work folder (default /tmp/merge-bench)")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
@@ -856,7 +882,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--warmup",
         type=int,
         default=2,
-        help="untimed runs per side before each workload's timed runs (default 2; 0 measures a cold Spark server)",
+        help="untimed rounds of every workload before the timed ones (default 2; 0 measures a cold Spark server)",
     )
     p.add_argument("--child", nargs=2, metavar=("SIDE", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -955,9 +981,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"Spark Connect server up at {remote}")
             ctx = Context(args, workdir, remote, jvm_pid, bases, total_files)
             for w in workloads:
-                path, expected = sources[w.key]
-                log(f"workload ({w.key}) {w.title}: {expected.source_rows:,} source rows")
-                outcomes.append(run_workload(ctx, w, path, expected, log))
+                log(f"workload ({w.key}) {w.title}: {sources[w.key][1].source_rows:,} source rows")
+            outcomes = run_rounds(ctx, [(w, *sources[w.key]) for w in workloads], log)
         for o in outcomes:
             if o.workload.cdf:
                 o.baseline = next((p for p in outcomes if p.workload.key == "1"), None)
