@@ -115,6 +115,27 @@ def _action(when: exp.When, where: str) -> Action:
     raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
 
 
+def _qualifiers(table: exp.Expression, alias: str) -> dict[tuple[str, ...], str]:
+    """The names an unaliased path table answers to in expressions, as Spark resolves them: ``delta.`/p`.col``
+    and `` `/p`.col``."""
+    if not isinstance(table, exp.Table) or table.args.get("alias") is not None:
+        return {}
+    return {(table.db.lower(), table.name): alias, ("", table.name): alias}
+
+
+def _requalify(node: exp.Expression, qualifiers: dict[tuple[str, ...], str]) -> None:
+    """Columns qualified by an unaliased table's name, qualified by the alias the spec uses for it instead."""
+    if not qualifiers:
+        return
+    for column in node.find_all(exp.Column):
+        if not column.table or column.catalog:
+            continue
+        alias = qualifiers.get(((column.db or "").lower(), column.table))
+        if alias is not None:
+            column.set("db", None)
+            column.set("table", exp.to_identifier(alias))
+
+
 _WITH_SCHEMA_EVOLUTION = re.compile(
     r"^((?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE | re.DOTALL)
 """The clause sqlglot does not read, after any leading whitespace and comments."""
@@ -144,8 +165,16 @@ def parse_merge_sql(text: str) -> MergeSpec:
     on = merge.args.get("on")
     if using is None or not isinstance(on, exp.Expression):
         raise MergeSpecError("sql: MERGE needs USING and ON.")
-    groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
+    target_alias, source_alias = _alias(target, "target"), _alias(using, "source")
+    source_names, target_names = _qualifiers(using, source_alias), _qualifiers(target, target_alias)
+    # A table merged into itself without aliases leaves its name ambiguous, as Spark finds it.
+    qualifiers = {k: v for k, v in {**source_names, **target_names}.items()
+                  if not (k in source_names and k in target_names)}
     whens = merge.args.get("whens")
+    for node in (on, whens):
+        if node is not None:
+            _requalify(node, qualifiers)
+    groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
     for when in whens.expressions if whens is not None else []:
         if when.args.get("matched"):
             kind = "matched"
@@ -169,7 +198,7 @@ def parse_merge_sql(text: str) -> MergeSpec:
         matched=tuple(groups["matched"]),
         not_matched=tuple(groups["notMatched"]),
         not_matched_by_source=tuple(groups["notMatchedBySource"]),
-        target_alias=_alias(target, "target"),
-        source_alias=_alias(using, "source"),
+        target_alias=target_alias,
+        source_alias=source_alias,
         schema_evolution=bool(evolution),
     )

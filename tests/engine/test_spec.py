@@ -241,3 +241,25 @@ def test_sql_comments_before_merge_with_schema_evolution_and_exists_lambdas() ->
     with pytest.raises(MergeSpecError, match="subqueries are not supported"):
         validate_spec(parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id "
                                       "WHEN MATCHED AND EXISTS (SELECT 1) THEN DELETE"))
+
+
+def test_unaliased_tables_answer_to_their_names_as_in_spark() -> None:
+    """Without AS, Spark qualifies a path table's columns by its name (``delta.`/p`.c`` or `` `/p`.c``); the spec
+    calls the two sides ``target`` and ``source``, so those names are read as the aliases."""
+    spec = validate_spec(parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` USING delta.`/lake/s` ON delta.`/lake/t`.id = delta.`/lake/s`.id "
+        "WHEN MATCHED AND `/lake/s`.op = 'D' THEN DELETE "
+        "WHEN MATCHED THEN UPDATE SET delta.`/lake/t`.v = `/lake/s`.v "
+        "WHEN NOT MATCHED THEN INSERT (id, v) VALUES (delta.`/lake/s`.id, source.v)"))
+    assert (spec.target_alias, spec.source_alias, spec.on) == ("target", "source", "target.id = source.id")
+    assert spec.matched[0].condition == "source.op = 'D'"
+    assert spec.matched[1].action == UpdateAction(set={"target.v": "source.v"})
+    assert spec.not_matched[0].action == InsertAction(values={"id": "source.id", "v": "source.v"})
+    # An alias hides the table's name, as in Spark: the name is left for resolution to refuse.
+    aliased = parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = delta.`/lake/s`.id "
+                              "WHEN MATCHED THEN DELETE")
+    assert aliased.on == "t.id = delta.`/lake/s`.id"
+    # A table merged into itself without aliases stays ambiguous.
+    itself = parse_merge_sql("MERGE INTO delta.`/lake/t` USING delta.`/lake/t` ON `/lake/t`.id = `/lake/t`.id "
+                             "WHEN MATCHED THEN DELETE")
+    assert itself.on == "`/lake/t`.id = `/lake/t`.id"
