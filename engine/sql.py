@@ -53,6 +53,7 @@ def _source(using: exp.Expression) -> Source:
     if isinstance(using, exp.Subquery) and isinstance(using.this, exp.Query):
         query = using.this.copy()
         relations: dict[str, TableSource] = {}
+        unaliased: dict[tuple[str, ...], str] = {}
         ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
         for table in list(query.find_all(exp.Table)):
             if not table.db and table.name.lower() in ctes:
@@ -66,7 +67,9 @@ def _source(using: exp.Expression) -> Source:
                 replacement.set("alias", alias.copy())
             else:
                 replacement.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
+                unaliased[(source.format, table.name)] = table.name
             table.replace(replacement)
+        _requalify(query, unaliased)
         return QuerySource(query=query.sql(dialect=DIALECT), relations=relations)
     raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
 

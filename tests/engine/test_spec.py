@@ -263,3 +263,12 @@ def test_unaliased_tables_answer_to_their_names_as_in_spark() -> None:
     itself = parse_merge_sql("MERGE INTO delta.`/lake/t` USING delta.`/lake/t` ON `/lake/t`.id = `/lake/t`.id "
                              "WHEN MATCHED THEN DELETE")
     assert itself.on == "`/lake/t`.id = `/lake/t`.id"
+
+
+def test_a_source_query_may_qualify_columns_by_its_tables_names() -> None:
+    spec = parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` t USING (SELECT delta.`/lake/a`.id, `/lake/a`.v FROM delta.`/lake/a` "
+        "WHERE delta.`/lake/a`.v > 1) s ON t.id = s.id WHEN MATCHED THEN DELETE")
+    assert isinstance(spec.source, QuerySource)
+    assert spec.source.query == ("SELECT `/lake/a`.id, `/lake/a`.v FROM __merge_source_0 AS `/lake/a` "
+                                 "WHERE `/lake/a`.v > 1")
