@@ -6,7 +6,9 @@ row as Delta does, or, when ON pins each target row to one source key, with the 
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
 source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched,
 ``write_in_one_pass`` skips the first pass: it rewrites every candidate and observes the touched files and
-the rows the join gave each target row as it writes, keeping the result only if the guess held.
+the rows the join gave each target row as it writes, keeping the result only if the guess held. A large
+broadcast source with one integer key also goes out as a bitmap of its keys (KeyBitmap), so that the target
+rows it cannot hold skip the probe into a hash table larger than the CPU caches.
 InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
 """
 
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -75,6 +79,14 @@ SINGLE_PASS_MIN_MATCHES_PER_FILE = 16
 (source keys in its key range times the share of that range its rows fill): with random keys the chance that
 such a file has none is below e**-16."""
 TOUCHED_FILE_COL = "_touched_file_"
+KEY_BITMAP_MIN_SOURCE_ROWS = 100_000
+"""Sources of at least this many rows get a bitmap of their join keys: their broadcast hash table outgrows the
+CPU caches, and each target row's probe into it costs a cache miss, most of them for keys it does not hold."""
+KEY_BITMAP_BITS_PER_KEY = 16
+KEY_BITMAP_MAX_BITS = 1 << 24
+"""2 MiB: the bitmap must stay cache-sized to be worth testing before the probe."""
+KEY_BITMAP_COL = "_source_keys_bitmap_"
+PROBE_KEY_COL = "_probe_key_"
 TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE,
                        NOT_MATCHED_BY_SOURCE_DELETE)
 """The actions a row of the target takes: one each."""
@@ -109,6 +121,7 @@ class MergeContext:
     computed them."""
     touched_files_known: bool = False
     """The single pass found the touched files (and no multiple match) but had to give up its write."""
+    key_bitmap: KeyBitmap | None = None
 
     @property
     def output_names(self) -> list[str]:
@@ -160,6 +173,51 @@ def _key_condition(keyed: KeyedOn, left: Sequence[str], right: Sequence[str]) ->
 
 def _qualified(alias: str, name: str) -> str:
     return f"{quote_identifier(alias)}.{quote_identifier(name)}"
+
+
+@dataclass(frozen=True)
+class KeyBitmap:
+    """A bitmap of the source's values of ON's one integer key, bit ``key & (bits - 1)``, as a one-row DataFrame
+    to broadcast beside the target scan. A target row whose bit is clear matches no source row, so it joins on a
+    NULL probe key and skips the hash probe; a set bit (a source key, or another one sharing its bit) probes as
+    before. The answer of the join is the same; only the cache misses go."""
+
+    frame: DataFrame
+    bits: int
+    keyed: KeyedOn
+
+    def probe_keys(self, target: DataFrame) -> DataFrame:
+        """``target`` with PROBE_KEY_COL: its key where the bitmap may hold it, else NULL."""
+        column = F.col(quote_identifier(self.keyed.keys[0].target_column))
+        position = column.cast("long").bitwiseAND(F.lit(self.bits - 1))
+        word = F.element_at(F.col(KEY_BITMAP_COL), F.shiftright(position, 6).cast("int") + 1)
+        held = F.shiftright(word, position.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1)) == 1
+        return (target.crossJoin(F.broadcast(self.frame))
+                .withColumn(PROBE_KEY_COL, F.when(held, column))
+                .drop(KEY_BITMAP_COL))
+
+    def on(self, target_alias: str, source_alias: str) -> Column:
+        """ON with the probe key in place of the target's key column."""
+        key = self.keyed.keys[0]
+        condition = F.col(_qualified(target_alias, PROBE_KEY_COL)) == F.col(_qualified(source_alias, key.source_column))
+        for predicate in (*self.keyed.target_only, *self.keyed.source_only):
+            condition = condition & F.expr(sql(predicate))
+        return condition
+
+
+def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn) -> KeyBitmap:
+    """The bitmap of the source's non-NULL key values, built here from the keys Spark hands over as Arrow."""
+    key = keyed.keys[0]
+    keys = (source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
+            .where(F.col("k").isNotNull()).toArrow().column(0).to_numpy())
+    bits = 1 << 16
+    while bits < len(keys) * KEY_BITMAP_BITS_PER_KEY and bits < KEY_BITMAP_MAX_BITS:
+        bits <<= 1
+    positions = keys.astype(np.int64) & (bits - 1)
+    words = np.zeros(bits // 64, dtype=np.uint64)
+    np.bitwise_or.at(words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64)))
+    frame = spark.createDataFrame(pa.table({KEY_BITMAP_COL: pa.array([words.view(np.int64)], pa.list_(pa.int64()))}))
+    return KeyBitmap(frame, bits, keyed)
 
 
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
@@ -397,21 +455,46 @@ class ClassicMergeExecutor:
             return source.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return source.alias(s).join(target.alias(t), on, "full_outer")
+        bitmap = self._key_bitmap(ctx.metrics.get("numSourceRows"))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = source_rows_matching_no_key(source, matched, keyed, s)
         else:
             unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on,
                                                   s, t)
-        return self._broadcast_full_outer(source, target, unmatched)
+        return self._broadcast_full_outer(source, target, unmatched, bitmap)
 
-    def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame) -> DataFrame:
+    def _key_bitmap(self, source_rows: int | None) -> KeyBitmap | None:
+        """The source's key bitmap (built once) when the broadcast source is large and ON is one equality of
+        integer columns (plus conjuncts over one side); else None."""
+        ctx = self.ctx
+        if ctx.key_bitmap is not None:
+            return ctx.key_bitmap
+        if source_rows is None or source_rows < KEY_BITMAP_MIN_SOURCE_ROWS:
+            return None
+        keyed = self._keyed_on()
+        if keyed is None or len(keyed.keys) != 1 or keyed.keys[0].null_safe:
+            return None
+        key = keyed.keys[0]
+        target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
+                            if f.name.lower() == key.target_column.lower()), None)
+        source_type = next((f.dataType for f in ctx.source.schema.fields
+                            if f.name.lower() == key.source_column.lower()), None)
+        if not (isinstance(target_type, INTEGRAL_TYPES) and isinstance(source_type, INTEGRAL_TYPES)):
+            return None
+        ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
+        return ctx.key_bitmap
+
+    def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame,
+                              bitmap: KeyBitmap | None = None) -> DataFrame:
         """``source FULL OUTER JOIN target`` as the target's broadcast left outer join with the source, united
         with ``unmatched``: the source rows matching no target row, with the source's columns."""
         spec = self.ctx.spec
         s = spec.source_alias
-        with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), self.ctx.resolved.on,
-                                                           "left_outer")
+        on = self.ctx.resolved.on
+        if bitmap is not None:
+            target, on = bitmap.probe_keys(target), bitmap.on(spec.target_alias, s)
+        with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), on, "left_outer")
         padded = unmatched.select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in target.schema.fields],
             *[F.col(_qualified(s, f.name)) for f in source.schema.fields],
@@ -487,12 +570,16 @@ class ClassicMergeExecutor:
         elif spec.not_matched:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
+            bitmap = self._key_bitmap(ctx.source_rows_estimate)
             unmatched = source_rows_matching_none(observed_source, ctx.target_df(ctx.candidate_files,
                                                                                  file_columns=False),
                                                   on, s, t, probe=ctx.source)
             joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
-                                                unmatched)
+                                                unmatched, bitmap)
         else:
+            bitmap = self._key_bitmap(ctx.source_rows_estimate)
+            if bitmap is not None:
+                target, on = bitmap.probe_keys(target), bitmap.on(t, s)
             joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
         target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
         matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()

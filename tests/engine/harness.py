@@ -148,9 +148,15 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
     return stack
 
 
-def join_plan(*, broadcast: bool) -> AbstractContextManager[Any]:
+def join_plan(*, broadcast: bool, key_bitmap: bool = False) -> AbstractContextManager[Any]:
     """Force one of the two plans of the merge's joins whatever the data's size: the source broadcast past
-    the streamed target, or both sides shuffled (Delta's own plan)."""
+    the streamed target, or both sides shuffled (Delta's own plan). ``key_bitmap`` also gives the broadcast
+    plan the source's key bitmap whatever the source's size, where ON allows one."""
+    stack = ExitStack()
     if broadcast:
-        return patch.object(executors, "BROADCAST_SIZE_RATIO", 0)
-    return patch.object(executors, "BROADCAST_SOURCE_BYTES", 0)
+        stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
+        if key_bitmap:
+            stack.enter_context(patch.object(executors, "KEY_BITMAP_MIN_SOURCE_ROWS", 0))
+    else:
+        stack.enter_context(patch.object(executors, "BROADCAST_SOURCE_BYTES", 0))
+    return stack

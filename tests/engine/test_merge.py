@@ -4,13 +4,14 @@ deltalake differs."""
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from engine import COMMIT_METRICS, run_merge
+from engine import COMMIT_METRICS, executors, run_merge
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
 from tests.engine.harness import (
     COUNTS,
@@ -196,3 +197,34 @@ def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) 
     source = write_table(tmp_path / "s", SOURCE)
     with pytest.raises(TableNotFoundError):
         run_merge(spark, make_spec(tmp_path / "missing", source, "t.id = s.id", CASES["upsert"]))
+
+
+@pytest.mark.parametrize("on", ["t.id = s.id", "t.id = s.id AND s.n > 0", "s.id = t.id AND t.v <> 'x'"],
+                         ids=["key", "source_conjunct", "target_conjunct"])
+@pytest.mark.parametrize("plan", ["single_pass", "source_keys"])
+def test_key_bitmap_answers_as_the_plain_probe(spark: SparkSession, tmp_path: Path, on: str,
+                                                plan: FindPlan) -> None:
+    """Target rows whose bit is clear skip the probe into the broadcast source. Keys that share a bit with a
+    source key (k and k + 2**16), negative keys and NULL keys must come out as the plain join has them; an INT
+    target key meets a BIGINT source key."""
+    bits = 1 << 16
+    target_ids = [1, 2, 1 + bits, 2 + 3 * bits, -1, -1 - bits, None, 40, 41]
+    target = pa.table({"id": pa.array(target_ids, pa.int32()), "v": [f"v{i}" for i in range(len(target_ids))],
+                       "n": pa.array(range(len(target_ids)), pa.int64())})
+    source = pa.table({"id": pa.array([1, 2, -1, None, 7, 40], pa.int64()), "v": ["a", "b", "c", "d", "e", "x"],
+                       "n": pa.array([1, 0, 5, 2, 3, 4], pa.int64())})
+    clauses = [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"),
+               clause("notMatched", "insert", "s.id IS NOT NULL", id="s.id", v="s.v", n="s.n")]
+    built = []
+    real = executors.key_bitmap_of
+
+    def spy(*args: object, **kwargs: object) -> executors.KeyBitmap:
+        built.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return built[-1]
+
+    with find_plan(plan), join_plan(broadcast=True, key_bitmap=True), \
+            patch.object(executors, "key_bitmap_of", spy):
+        result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
+    assert [b.bits for b in built] == [bits]
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
