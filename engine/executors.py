@@ -263,13 +263,20 @@ def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Seq
 
 
 def source_rows_matching_none(source: DataFrame, target: DataFrame, on: Column, source_alias: str,
-                              target_alias: str, *, probe: DataFrame | None = None) -> DataFrame:
+                              target_alias: str, *, probe: DataFrame | None = None,
+                              bitmap: KeyBitmap | None = None) -> DataFrame:
     """``source LEFT ANTI JOIN target`` without shuffling the target: the target rows matching some source row
     (a semi join streaming the target past the broadcast source) are few, and a source row matches some target
     row exactly when it matches one of those. ``probe`` is the same rows as ``source`` without its
-    observations (an observation may appear once in a plan); both reads must give the same rows."""
+    observations (an observation may appear once in a plan); both reads must give the same rows. With a
+    ``bitmap`` the semi join probes on the bitmap's probe key, and its answer is broadcast as the plan without
+    the bitmap would broadcast it (the cross join with the bitmap multiplies Spark's size estimate)."""
     probe = source if probe is None else probe
+    if bitmap is not None:
+        target, on = bitmap.probe_keys(target), bitmap.on(target_alias, source_alias)
     matched_targets = target.alias(target_alias).join(F.broadcast(probe.alias(source_alias)), on, "left_semi")
+    if bitmap is not None:
+        matched_targets = F.broadcast(matched_targets)
     return source.alias(source_alias).join(matched_targets.alias(target_alias), on, "left_anti")
 
 
@@ -461,7 +468,7 @@ class ClassicMergeExecutor:
             unmatched = source_rows_matching_no_key(source, matched, keyed, s)
         else:
             unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on,
-                                                  s, t)
+                                                  s, t, bitmap=self._semi_join_bitmap(bitmap, ctx.touched_files))
         return self._broadcast_full_outer(source, target, unmatched, bitmap)
 
     def _key_bitmap(self, source_rows: int | None) -> KeyBitmap | None:
@@ -484,6 +491,15 @@ class ClassicMergeExecutor:
             return None
         ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
         return ctx.key_bitmap
+
+    @staticmethod
+    def _semi_join_bitmap(bitmap: KeyBitmap | None, files: Sequence[Any]) -> KeyBitmap | None:
+        """The bitmap for source_rows_matching_none where its answer, at most one key per target row, fits a
+        broadcast as Spark would judge the target's key column without the bitmap."""
+        rows = delta.known_num_records(files)
+        if bitmap is None or rows is None or rows * 8 > BROADCAST_SOURCE_BYTES:
+            return None
+        return bitmap
 
     def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame,
                               bitmap: KeyBitmap | None = None) -> DataFrame:
@@ -573,7 +589,8 @@ class ClassicMergeExecutor:
             bitmap = self._key_bitmap(ctx.source_rows_estimate)
             unmatched = source_rows_matching_none(observed_source, ctx.target_df(ctx.candidate_files,
                                                                                  file_columns=False),
-                                                  on, s, t, probe=ctx.source)
+                                                  on, s, t, probe=ctx.source,
+                                                  bitmap=self._semi_join_bitmap(bitmap, ctx.candidate_files))
             joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
                                                 unmatched, bitmap)
         else:
