@@ -198,8 +198,8 @@ class KeyBitmap:
 
     def on(self, target_alias: str, source_alias: str) -> Column:
         """ON with the probe key in place of the target's key column."""
-        key = self.keyed.keys[0]
-        condition = F.col(_qualified(target_alias, PROBE_KEY_COL)) == F.col(_qualified(source_alias, key.source_column))
+        condition = _key_condition(self.keyed, [_qualified(target_alias, PROBE_KEY_COL)],
+                                   [_qualified(source_alias, self.keyed.keys[0].source_column)])
         for predicate in (*self.keyed.target_only, *self.keyed.source_only):
             condition = condition & F.expr(sql(predicate))
         return condition
@@ -497,7 +497,7 @@ class ClassicMergeExecutor:
         """The bitmap for source_rows_matching_none where its answer, at most one key per target row, fits a
         broadcast as Spark would judge the target's key column without the bitmap."""
         rows = delta.known_num_records(files)
-        if bitmap is None or rows is None or rows * 8 > BROADCAST_SOURCE_BYTES:
+        if bitmap is None or rows is None or rows * _TYPE_BYTES["long"] > BROADCAST_SOURCE_BYTES:
             return None
         return bitmap
 
