@@ -479,15 +479,8 @@ class ClassicMergeExecutor:
             return ctx.key_bitmap
         if source_rows is None or source_rows < KEY_BITMAP_MIN_SOURCE_ROWS:
             return None
-        keyed = self._keyed_on()
-        if keyed is None or len(keyed.keys) != 1 or keyed.keys[0].null_safe:
-            return None
-        key = keyed.keys[0]
-        target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
-                            if f.name.lower() == key.target_column.lower()), None)
-        source_type = next((f.dataType for f in ctx.source.schema.fields
-                            if f.name.lower() == key.source_column.lower()), None)
-        if not (isinstance(target_type, INTEGRAL_TYPES) and isinstance(source_type, INTEGRAL_TYPES)):
+        keyed = self._one_integer_key()
+        if keyed is None or keyed.keys[0].null_safe:
             return None
         ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
         return ctx.key_bitmap
@@ -532,12 +525,18 @@ class ClassicMergeExecutor:
             return True
         if ctx.source_rows_estimate is None or not _touches_every_match(spec):
             return False
+        keyed = self._one_integer_key()
+        return keyed is not None and not keyed.target_only and self._expects_every_candidate_touched(keyed)
+
+    def _one_integer_key(self) -> KeyedOn | None:
+        """ON as one equality of integer columns (plus conjuncts over one side), else None. _keyed_on already
+        holds the source's key to integers when the target's is one."""
         keyed = self._keyed_on()
-        if keyed is None or len(keyed.keys) != 1 or keyed.target_only:
-            return False
-        target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
+        if keyed is None or len(keyed.keys) != 1:
+            return None
+        target_type = next((f.dataType for f in self.ctx.snapshot.spark_schema.fields
                             if f.name.lower() == keyed.keys[0].target_column.lower()), None)
-        return isinstance(target_type, INTEGRAL_TYPES) and self._expects_every_candidate_touched(keyed)
+        return keyed if isinstance(target_type, INTEGRAL_TYPES) else None
 
     def _expects_every_candidate_touched(self, keyed: KeyedOn) -> bool:
         """Whether each candidate file should hold SINGLE_PASS_MIN_MATCHES_PER_FILE matched rows, taking the
