@@ -86,6 +86,8 @@ KEY_BITMAP_BITS_PER_KEY = 16
 KEY_BITMAP_MAX_BITS = 1 << 24
 """2 MiB: the bitmap must stay cache-sized to be worth testing before the probe."""
 KEY_BITMAP_COL = "_source_keys_bitmap_"
+HELD_TARGET_ROWS_PER_KEY = 2
+"""The target rows a key bitmap may hold per source key for them to be broadcast in place of the semi join."""
 PROBE_KEY_COL = "_probe_key_"
 TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE,
                        NOT_MATCHED_BY_SOURCE_DELETE)
@@ -185,6 +187,11 @@ class KeyBitmap:
     frame: DataFrame
     bits: int
     keyed: KeyedOn
+    keys: int
+    """The source's non-NULL keys."""
+    held_fraction: float
+    """The share of bits set: about the share of target rows the bitmap holds, were the target's keys spread
+    evenly over the bits."""
 
     def probe_keys(self, target: DataFrame) -> DataFrame:
         """``target`` with PROBE_KEY_COL: its key where the bitmap may hold it, else NULL."""
@@ -217,7 +224,7 @@ def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn) -> Key
     words = np.zeros(bits // 64, dtype=np.uint64)
     np.bitwise_or.at(words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64)))
     frame = spark.createDataFrame(pa.table({KEY_BITMAP_COL: pa.array([words.view(np.int64)], pa.list_(pa.int64()))}))
-    return KeyBitmap(frame, bits, keyed)
+    return KeyBitmap(frame, bits, keyed, len(keys), int(np.bitwise_count(words).sum()) / bits)
 
 
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
@@ -280,6 +287,78 @@ def source_rows_matching_none(source: DataFrame, target: DataFrame, on: Column, 
     return source.alias(source_alias).join(matched_targets.alias(target_alias), on, "left_anti")
 
 
+def keyed_join(ctx: MergeContext) -> KeyedOn | None:
+    """ON's key equalities when every distinct source key tuple is one value to the target: the two columns
+    have one type (or both are integers), so no two distinct source keys can equal the same target value."""
+    spec = ctx.spec
+    target_types = {f.name.lower(): f.dataType for f in ctx.snapshot.spark_schema.fields}
+    source_types = {f.name.lower(): f.dataType for f in ctx.source.schema.fields}
+    sides = Sides(spec.target_alias, spec.source_alias, frozenset(target_types), frozenset(source_types))
+    keyed = keyed_on(spec.on, sides)
+    if keyed is None:
+        return None
+    for key in keyed.keys:
+        target_type = target_types.get(key.target_column.lower())
+        source_type = source_types.get(key.source_column.lower())
+        if not _same_key_values(source_type, target_type):
+            return None
+    return keyed
+
+
+def one_integer_key(ctx: MergeContext) -> KeyedOn | None:
+    """ON as one equality of integer columns (plus conjuncts over one side), else None. keyed_join already
+    holds the source's key to integers when the target's is one."""
+    keyed = keyed_join(ctx)
+    if keyed is None or len(keyed.keys) != 1:
+        return None
+    target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
+                        if f.name.lower() == keyed.keys[0].target_column.lower()), None)
+    return keyed if isinstance(target_type, INTEGRAL_TYPES) else None
+
+
+def key_bitmap(ctx: MergeContext, source_rows: int | None) -> KeyBitmap | None:
+    """The source's key bitmap (built once) when the broadcast source is large and ON is one equality of
+    integer columns (plus conjuncts over one side); else None."""
+    if ctx.key_bitmap is not None:
+        return ctx.key_bitmap
+    if source_rows is None or source_rows < KEY_BITMAP_MIN_SOURCE_ROWS:
+        return None
+    keyed = one_integer_key(ctx)
+    if keyed is None or keyed.keys[0].null_safe:
+        return None
+    ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
+    return ctx.key_bitmap
+
+
+def unmatched_source_rows(ctx: MergeContext, source: DataFrame, files: Sequence[Any], bitmap: KeyBitmap | None, *,
+                          probe: DataFrame | None = None) -> DataFrame:
+    """``source LEFT ANTI JOIN target`` over ``files``, for a source that fits a broadcast. With a bitmap that
+    should hold about as few target rows as the source has keys, the held rows are the broadcast side
+    (source_rows_matching_no_held_key); else a semi join finds the matched ones (source_rows_matching_none),
+    through the bitmap when every target row's key would fit a broadcast. Either side stays bounded by that
+    fit: a bitmap holds at most every target row."""
+    spec = ctx.spec
+    s, t = spec.source_alias, spec.target_alias
+    target = ctx.target_df(files, file_columns=False)
+    rows = delta.known_num_records(files)
+    if bitmap is None or rows is None or rows * _TYPE_BYTES["long"] > BROADCAST_SOURCE_BYTES:
+        return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe)
+    if rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys:
+        return source_rows_matching_no_held_key(source, target, bitmap, s, t)
+    return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe, bitmap=bitmap)
+
+
+def source_rows_matching_no_held_key(source: DataFrame, target: DataFrame, bitmap: KeyBitmap, source_alias: str,
+                                     target_alias: str) -> DataFrame:
+    """``source LEFT ANTI JOIN target`` through the source's key bitmap: a target row whose bit is clear
+    matches no source row, so the rows the bitmap holds (the matches, and the keys sharing their bits) stand
+    for the whole target. They are few enough to broadcast, and reading them waits for no other broadcast, so
+    they are ready as soon as the source's own broadcast is."""
+    held = bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
+    return source.alias(source_alias).join(F.broadcast(held.alias(target_alias)), bitmap.on(target_alias, source_alias),
+                                           "left_anti")
+
+
 def source_rows_matching_no_key(source: DataFrame, matched: DataFrame, keyed: KeyedOn,
                                 source_alias: str) -> DataFrame:
     """``source LEFT ANTI JOIN target`` from the keys findTouchedFiles saw matched: a source row matches
@@ -307,7 +386,7 @@ class ClassicMergeExecutor:
             return []
         obs = Observation("numSourceRows")
         source = _source_with_count(ctx, obs)
-        keyed = self._keyed_on() if _touches_every_match(spec) else None
+        keyed = keyed_join(ctx) if _touches_every_match(spec) else None
         found = self._find_by_target_rows(source) if keyed is None else self._find_by_source_keys(source, keyed)
         ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
         multiple_match_count = int(found.get("multiple_match_rows") or 0)
@@ -354,24 +433,6 @@ class ClassicMergeExecutor:
         )
         # One shuffle: the per-file answers are observed as the per-row counts stream past, not aggregated again.
         return _observe_touched(per_row, F.col("touch") == 1, F.col("matches"))
-
-    def _keyed_on(self) -> KeyedOn | None:
-        """ON's key equalities when every distinct source key tuple is one value to the target: the two columns
-        have one type (or both are integers), so no two distinct source keys can equal the same target value."""
-        ctx = self.ctx
-        spec = ctx.spec
-        target_types = {f.name.lower(): f.dataType for f in ctx.snapshot.spark_schema.fields}
-        source_types = {f.name.lower(): f.dataType for f in ctx.source.schema.fields}
-        sides = Sides(spec.target_alias, spec.source_alias, frozenset(target_types), frozenset(source_types))
-        keyed = keyed_on(spec.on, sides)
-        if keyed is None:
-            return None
-        for key in keyed.keys:
-            target_type = target_types.get(key.target_column.lower())
-            source_type = source_types.get(key.source_column.lower())
-            if not _same_key_values(source_type, target_type):
-                return None
-        return keyed
 
     def _find_by_source_keys(self, source: DataFrame, keyed: KeyedOn) -> dict[str, Any]:
         """findTouchedFiles without shuffling the target: the source is grouped by its join keys (rows that
@@ -462,37 +523,13 @@ class ClassicMergeExecutor:
             return source.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return source.alias(s).join(target.alias(t), on, "full_outer")
-        bitmap = self._key_bitmap(ctx.metrics.get("numSourceRows"))
+        bitmap = key_bitmap(ctx, ctx.metrics.get("numSourceRows"))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = source_rows_matching_no_key(source, matched, keyed, s)
         else:
-            unmatched = source_rows_matching_none(source, ctx.target_df(ctx.touched_files, file_columns=False), on,
-                                                  s, t, bitmap=self._semi_join_bitmap(bitmap, ctx.touched_files))
+            unmatched = unmatched_source_rows(ctx, source, ctx.touched_files, bitmap)
         return self._broadcast_full_outer(source, target, unmatched, bitmap)
-
-    def _key_bitmap(self, source_rows: int | None) -> KeyBitmap | None:
-        """The source's key bitmap (built once) when the broadcast source is large and ON is one equality of
-        integer columns (plus conjuncts over one side); else None."""
-        ctx = self.ctx
-        if ctx.key_bitmap is not None:
-            return ctx.key_bitmap
-        if source_rows is None or source_rows < KEY_BITMAP_MIN_SOURCE_ROWS:
-            return None
-        keyed = self._one_integer_key()
-        if keyed is None or keyed.keys[0].null_safe:
-            return None
-        ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
-        return ctx.key_bitmap
-
-    @staticmethod
-    def _semi_join_bitmap(bitmap: KeyBitmap | None, files: Sequence[Any]) -> KeyBitmap | None:
-        """The bitmap for source_rows_matching_none where its answer, at most one key per target row, fits a
-        broadcast as Spark would judge the target's key column without the bitmap."""
-        rows = delta.known_num_records(files)
-        if bitmap is None or rows is None or rows * _TYPE_BYTES["long"] > BROADCAST_SOURCE_BYTES:
-            return None
-        return bitmap
 
     def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame,
                               bitmap: KeyBitmap | None = None) -> DataFrame:
@@ -525,18 +562,8 @@ class ClassicMergeExecutor:
             return True
         if ctx.source_rows_estimate is None or not _touches_every_match(spec):
             return False
-        keyed = self._one_integer_key()
+        keyed = one_integer_key(self.ctx)
         return keyed is not None and not keyed.target_only and self._expects_every_candidate_touched(keyed)
-
-    def _one_integer_key(self) -> KeyedOn | None:
-        """ON as one equality of integer columns (plus conjuncts over one side), else None. _keyed_on already
-        holds the source's key to integers when the target's is one."""
-        keyed = self._keyed_on()
-        if keyed is None or len(keyed.keys) != 1:
-            return None
-        target_type = next((f.dataType for f in self.ctx.snapshot.spark_schema.fields
-                            if f.name.lower() == keyed.keys[0].target_column.lower()), None)
-        return keyed if isinstance(target_type, INTEGRAL_TYPES) else None
 
     def _expects_every_candidate_touched(self, keyed: KeyedOn) -> bool:
         """Whether each candidate file should hold SINGLE_PASS_MIN_MATCHES_PER_FILE matched rows, taking the
@@ -585,15 +612,12 @@ class ClassicMergeExecutor:
         elif spec.not_matched:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
-            bitmap = self._key_bitmap(ctx.source_rows_estimate)
-            unmatched = source_rows_matching_none(observed_source, ctx.target_df(ctx.candidate_files,
-                                                                                 file_columns=False),
-                                                  on, s, t, probe=ctx.source,
-                                                  bitmap=self._semi_join_bitmap(bitmap, ctx.candidate_files))
+            bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
+            unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
             joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
                                                 unmatched, bitmap)
         else:
-            bitmap = self._key_bitmap(ctx.source_rows_estimate)
+            bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
             if bitmap is not None:
                 target, on = bitmap.probe_keys(target), bitmap.on(t, s)
             joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
@@ -735,8 +759,8 @@ class InsertOnlyMergeExecutor:
         if ctx.candidate_files and filter_matched_rows:
             target = ctx.target_df(ctx.candidate_files, file_columns=False)
             if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
-                new_rows = source_rows_matching_none(source, target, ctx.resolved.on, spec.source_alias,
-                                                     spec.target_alias, probe=ctx.source)
+                new_rows = unmatched_source_rows(ctx, source, ctx.candidate_files,
+                                                 key_bitmap(ctx, ctx.source_rows_estimate), probe=ctx.source)
             else:
                 new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
         else:

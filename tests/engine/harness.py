@@ -130,6 +130,7 @@ def stray_files(table: Path) -> set[str]:
 
 
 FindPlan = Literal["source_keys", "target_rows", "single_pass"]
+KeyBitmapPlan = Literal["held", "semi"]
 
 
 def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
@@ -144,19 +145,23 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
         return stack
     stack.enter_context(patch.object(executors.ClassicMergeExecutor, "takes_single_pass", lambda self: False))
     if plan == "target_rows":
-        stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_keyed_on", lambda self: None))
+        stack.enter_context(patch.object(executors, "keyed_join", lambda ctx: None))
     return stack
 
 
-def join_plan(*, broadcast: bool, key_bitmap: bool = False) -> AbstractContextManager[Any]:
+def join_plan(*, broadcast: bool, key_bitmap: KeyBitmapPlan | None = None) -> AbstractContextManager[Any]:
     """Force one of the two plans of the merge's joins whatever the data's size: the source broadcast past
     the streamed target, or both sides shuffled (Delta's own plan). ``key_bitmap`` also gives the broadcast
-    plan the source's key bitmap whatever the source's size, where ON allows one."""
+    plan the source's key bitmap whatever the source's size, where ON allows one; the source rows matching no
+    target row are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join
+    through the bitmap (``semi``)."""
     stack = ExitStack()
     if broadcast:
         stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
-        if key_bitmap:
+        if key_bitmap is not None:
             stack.enter_context(patch.object(executors, "KEY_BITMAP_MIN_SOURCE_ROWS", 0))
+            if key_bitmap == "semi":
+                stack.enter_context(patch.object(executors, "HELD_TARGET_ROWS_PER_KEY", -1))
     else:
         stack.enter_context(patch.object(executors, "BROADCAST_SOURCE_BYTES", 0))
     return stack

@@ -4,6 +4,7 @@ deltalake differs."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 from unittest.mock import patch
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoun
 from tests.engine.harness import (
     COUNTS,
     FindPlan,
+    KeyBitmapPlan,
     clause,
     differential,
     find_plan,
@@ -201,30 +203,47 @@ def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) 
 
 @pytest.mark.parametrize("on", ["t.id = s.id", "t.id = s.id AND s.n > 0", "s.id = t.id AND t.v <> 'x'"],
                          ids=["key", "source_conjunct", "target_conjunct"])
-@pytest.mark.parametrize("plan", ["single_pass", "source_keys"])
+@pytest.mark.parametrize(("plan", "unmatched"), [("single_pass", "held"), ("single_pass", "semi"),
+                                                 ("source_keys", "held"), ("insert_only", "held"),
+                                                 ("insert_only", "semi")])
 def test_key_bitmap_answers_as_the_plain_probe(spark: SparkSession, tmp_path: Path, on: str,
-                                                plan: FindPlan) -> None:
-    """Target rows whose bit is clear skip the probe into the broadcast source. Keys that share a bit with a
-    source key (k and k + 2**16), negative keys and NULL keys must come out as the plain join has them; an INT
-    target key meets a BIGINT source key."""
+                                                plan: FindPlan | Literal["insert_only"],
+                                                unmatched: KeyBitmapPlan) -> None:
+    """Target rows whose bit is clear skip the probe into the broadcast source, and the source rows matching
+    no target row are found through the bitmap too. Keys that share a bit with a source key (k and k + 2**16),
+    negative keys and NULL keys must come out as the plain join has them; an INT target key meets a BIGINT
+    source key."""
     bits = 1 << 16
     target_ids = [1, 2, 1 + bits, 2 + 3 * bits, -1, -1 - bits, None, 40, 41]
     target = pa.table({"id": pa.array(target_ids, pa.int32()), "v": [f"v{i}" for i in range(len(target_ids))],
                        "n": pa.array(range(len(target_ids)), pa.int64())})
-    source = pa.table({"id": pa.array([1, 2, -1, None, 7, 40], pa.int64()), "v": ["a", "b", "c", "d", "e", "x"],
-                       "n": pa.array([1, 0, 5, 2, 3, 4], pa.int64())})
-    clauses = [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"),
-               clause("notMatched", "insert", "s.id IS NOT NULL", id="s.id", v="s.v", n="s.n")]
-    built = []
-    real = executors.key_bitmap_of
+    source = pa.table({"id": pa.array([1, 2, -1, None, 7, 40, 3 + bits], pa.int64()),
+                       "v": ["a", "b", "c", "d", "e", "x", "f"], "n": pa.array([1, 0, 5, 2, 3, 4, 6], pa.int64())})
+    insert = clause("notMatched", "insert", "s.id IS NOT NULL", id="s.id", v="s.v", n="s.n")
+    clauses = [insert] if plan == "insert_only" else [
+        clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
+    built: list[executors.KeyBitmap] = []
+    held: list[object] = []
+    real_bitmap, real_held = executors.key_bitmap_of, executors.source_rows_matching_no_held_key
 
-    def spy(*args: object, **kwargs: object) -> executors.KeyBitmap:
-        built.append(real(*args, **kwargs))  # type: ignore[arg-type]
+    def spy_bitmap(*args: Any, **kwargs: Any) -> executors.KeyBitmap:
+        built.append(real_bitmap(*args, **kwargs))
         return built[-1]
 
-    with find_plan(plan), join_plan(broadcast=True, key_bitmap=True), \
-            patch.object(executors, "key_bitmap_of", spy):
+    def spy_held(*args: Any, **kwargs: Any) -> Any:
+        held.append(args)
+        return real_held(*args, **kwargs)
+
+    with find_plan("source_keys" if plan == "insert_only" else plan), \
+            join_plan(broadcast=True, key_bitmap=unmatched), \
+            patch.object(executors, "key_bitmap_of", spy_bitmap), \
+            patch.object(executors, "source_rows_matching_no_held_key", spy_held):
         result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
     assert [b.bits for b in built] == [bits]
+    assert built[0].keys == 6 and built[0].held_fraction == 6 / bits
+    # findTouchedFiles by source keys keeps the matched keys, and the single pass cannot take a target-only
+    # conjunct: neither asks the target for the source rows matching none.
+    asks_target = plan == "insert_only" or (plan == "single_pass" and "t.v" not in on)
+    assert len(held) == (1 if asks_target and unmatched == "held" else 0)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)

@@ -261,11 +261,12 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     if not clauses:
         clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
     # Both plans of each join: the source broadcast past the streamed target (with or without the source's key
-    # bitmap), or both sides shuffled; and
+    # bitmap, and with it either way of finding the source rows matching no target row), or both sides
+    # shuffled; and
     # findTouchedFiles by source keys, by target rows, or folded into the write (the single pass).
     return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
             "partitioned": partitioned, "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
-            "broadcast": draw(st.booleans()), "key_bitmap": draw(st.booleans()),
+            "broadcast": draw(st.booleans()), "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
             "find_plan": "single_pass" if single_pass else draw(st.sampled_from(["source_keys", "target_rows",
                                                                                  "single_pass"]))}
 
