@@ -53,6 +53,7 @@ from engine.output import (
     SOURCE_ROW_PRESENT_COL,
     TARGET_ROW_INDEX_COL,
     TARGET_ROW_PRESENT_COL,
+    action,
     action_counts,
     generate_cdc_and_output_rows,
     generate_inserts_only_output_cols,
@@ -89,6 +90,7 @@ KEY_BITMAP_COL = "_source_keys_bitmap_"
 HELD_TARGET_ROWS_PER_KEY = 2
 """The target rows a key bitmap may hold per source key for them to be broadcast in place of the semi join."""
 PROBE_KEY_COL = "_probe_key_"
+FILE_HASH_COL = "_file_hash_"
 TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE,
                        NOT_MATCHED_BY_SOURCE_DELETE)
 """The actions a row of the target takes: one each."""
@@ -340,12 +342,24 @@ def unmatched_source_rows(ctx: MergeContext, source: DataFrame, files: Sequence[
     spec = ctx.spec
     s, t = spec.source_alias, spec.target_alias
     target = ctx.target_df(files, file_columns=False)
-    rows = delta.known_num_records(files)
-    if bitmap is None or rows is None or rows * _TYPE_BYTES["long"] > BROADCAST_SOURCE_BYTES:
+    if bitmap is None or not _target_keys_fit_broadcast(files):
         return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe)
-    if rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys:
+    if holds_few_target_rows(bitmap, files):
         return source_rows_matching_no_held_key(source, target, bitmap, s, t)
     return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe, bitmap=bitmap)
+
+
+def _target_keys_fit_broadcast(files: Sequence[Any]) -> bool:
+    rows = delta.known_num_records(files)
+    return rows is not None and rows * _TYPE_BYTES["long"] <= BROADCAST_SOURCE_BYTES
+
+
+def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[Any]) -> bool:
+    """Whether the target rows of ``files`` that the bitmap holds may be broadcast: about as few as the source
+    has keys, and bounded even were every row held."""
+    rows = delta.known_num_records(files)
+    return (rows is not None and _target_keys_fit_broadcast(files)
+            and rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys)
 
 
 def source_rows_matching_no_held_key(source: DataFrame, target: DataFrame, bitmap: KeyBitmap, source_alias: str,
@@ -613,6 +627,9 @@ class ClassicMergeExecutor:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
             bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
+            if (bitmap is not None and not ctx.cdc_enabled and not spec.not_matched_by_source
+                    and holds_few_target_rows(bitmap, ctx.candidate_files)):
+                return self._write_in_one_pass_counting_pairs(observed_source, obs_source, target, bitmap, start)
             unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
             joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
                                                 unmatched, bitmap)
@@ -651,6 +668,78 @@ class ClassicMergeExecutor:
         self._record_write_metrics(counts, cdc_files)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
+
+    def _write_in_one_pass_counting_pairs(self, observed_source: DataFrame, obs_source: Observation,
+                                          target: DataFrame, bitmap: KeyBitmap, start: float
+                                          ) -> tuple[list[Any], list[Any]] | None:
+        """The single pass with nothing counted where the target's rows stream past the broadcast source: an
+        observation there breaks the write's generated code in two and updates its aggregates on every row,
+        the costliest part of the write after Parquet itself. The source rows meet the target rows the key
+        bitmap holds instead (broadcast: their key, their file's hash and the columns the clauses' conditions
+        read). Each matched pair takes the action its target row takes in the write, so the pairs count the
+        matched actions and the touched files, and the source rows matching none are the inserts. The copies
+        are the rows written (the files' footers) less the updates and inserts; the target rows the join gave
+        are the copies, updates and deletes. Needs no NOT MATCHED BY SOURCE clause (its actions fall on the
+        uncounted rows) and no Change Data Feed (whose rows are counted with the data rows)."""
+        ctx = self.ctx
+        spec = ctx.spec
+        resolved = ctx.resolved
+        s, t = spec.source_alias, spec.target_alias
+        probed, on = bitmap.probe_keys(target), bitmap.on(t, s)
+        clauses = [*resolved.matched, *resolved.not_matched]
+        existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
+        tcols = target_write_cols(resolved.output_fields, t, existing, resolved.target_values)
+
+        def output_cols(lookups: dict[int, Column]) -> list[Column]:
+            return generate_write_all_changes_output_cols(tcols, ctx.output_names, resolved.matched,
+                                                          resolved.not_matched, (), lookups)
+
+        source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        rewritten, lookups = generate_precomputed_conditions_and_df(
+            probed.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
+        rewritten = rewritten.select(*output_cols(lookups))
+
+        held = (probed.where(F.col(PROBE_KEY_COL).isNotNull())
+                .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
+        pairs, lookups = generate_precomputed_conditions_and_df(
+            observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses)
+        source_names = [f.name for f in observed_source.schema.fields]
+        acted = pairs.select(
+            *[F.col(_qualified(s, n)) for n in source_names],
+            # Only the action: the target's other columns stay out of the broadcast.
+            output_cols(lookups)[len(ctx.output_names) + 1],
+            F.when(F.col(_qualified(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(_qualified(t, FILE_HASH_COL)))
+            .alias(TOUCHED_FILE_COL),
+        )
+        obs = Observation("writeAllChanges")
+        codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]
+        counted = acted.observe(obs, *action_counts(codes), F.count(F.lit(1)).alias("numSourceRowsInSecondScan"),
+                                F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
+        unmatched = counted.where(F.col(ACTION_COL) == action(INSERT)).select(
+            *[quote_identifier(n) for n in source_names]).alias(s)
+        unmatched, insert_lookups = generate_precomputed_conditions_and_df(unmatched, resolved.not_matched)
+        inserts = unmatched.select(*generate_inserts_only_output_cols(ctx.output_names, resolved.output_fields,
+                                                                      resolved.not_matched, insert_lookups))
+        rows = repartition_for_write(ctx, rewritten.union(inserts))
+        output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
+        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id,
+                                       schema=output_schema(ctx))
+        counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
+        ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        written = sum(a.stats.num_records for a in added)
+        counts[COPY] = written - counts[MATCHED_UPDATE] - counts[INSERT]
+        target_rows_out = written - counts[INSERT] + counts[MATCHED_DELETE]
+        touched = len(obs.get.get(TOUCHED_FILE_COL) or [])
+        # A target row matched twice, or a candidate file untouched (or two files' hashes alike): the write
+        # is given up, and findTouchedFiles tells which.
+        if target_rows_out != delta.known_num_records(ctx.candidate_files) or touched < len(ctx.candidate_files):
+            delta.discard_write(ctx.snapshot, ctx.write_id)
+            return None
+        ctx.touched_files = list(ctx.candidate_files)
+        ctx.touched_files_known = True
+        self._record_write_metrics(counts, [])
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return added, []
 
     def write_all_changes(self) -> tuple[list[Any], list[Any]]:
         """Rewrite the touched files joined with the source; answers the added data and change files."""

@@ -3,7 +3,8 @@ output column, turning each joined row into its output row plus ``_row_dropped_`
 
 Where Delta increments SQL metrics from inside the CASE branches (``incrementMetricAndReturnBool``), each
 branch here also yields an action code in ``_merge_action_``; one ``DataFrame.observe`` over that column
-counts the rows of every kind in the same pass as the write.
+counts the rows of every kind in the same pass as the write (or, in the single pass with a key bitmap, over
+the source rows met with the target rows the bitmap holds: see ClassicMergeExecutor).
 """
 
 from __future__ import annotations

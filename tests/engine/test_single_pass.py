@@ -145,12 +145,32 @@ def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: 
     assert {p.name for p in ours.iterdir() if p.is_dir()} <= {"_delta_log", *live_folders}
 
 
-def test_multiple_matches_fail_after_the_write_is_discarded(spark: SparkSession, tmp_path: Path) -> None:
+def test_wrong_guess_counted_on_held_rows_falls_back_to_two_passes(spark: SparkSession, tmp_path: Path) -> None:
+    """Counted on the target rows the key bitmap holds, the single pass knows how many files it touched but
+    not which: a wrong guess is followed by Delta's two passes."""
+    source_ids = [*range(0, 100), 5000, 5001]
+    phases: list[str] = []
+    with find_plan("single_pass"), join_plan(broadcast=True, key_bitmap="held"):
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, phases=phases)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert phases == ["preparing_source", "finding_touched_files", "writing", "finding_touched_files", "writing",
+                      "committing"]
+    assert rows(ours) == rows(theirs)
+    m = result.metrics
+    assert m["numTargetFilesRemoved"] == 1
+    assert m["numTargetRowsCopied"] == ROWS_PER_FILE - expected["num_updated_rows"]
+    assert stray_files(ours) == set()
+
+
+@pytest.mark.parametrize("key_bitmap", [False, True], ids=["plain", "key_bitmap"])
+def test_multiple_matches_fail_after_the_write_is_discarded(spark: SparkSession, tmp_path: Path,
+                                                            key_bitmap: bool) -> None:
     target = _target(tmp_path / "t")
     ids = list(range(0, FILES * ROWS_PER_FILE, 5))
     source = write_table(tmp_path / "s", _source([*ids, 40]))
     before = rows(target)
-    with find_plan("single_pass"), pytest.raises(MultipleMatchError) as info:
+    with find_plan("single_pass"), join_plan(broadcast=True, key_bitmap="held" if key_bitmap else None), \
+            pytest.raises(MultipleMatchError) as info:
         run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
     assert "id=40" in str(info.value)
     assert rows(target) == before
@@ -207,15 +227,18 @@ PLAN_DEPENDENT = {"numTargetFilesAdded", "numTargetBytesAdded", "numTargetPartit
                      clause("notMatchedBySource", "delete", "t.id % 3 = 0"),
                      clause("notMatchedBySource", "update", v="'gone'")]),
 ], ids=["upsert", "delete", "conditional", "null_safe", "not_matched_by_source"])
-@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
+@pytest.mark.parametrize("join", ["broadcast", "key_bitmap", "shuffle"])
 def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any],
-                                    broadcast: bool) -> None:
+                                    join: str) -> None:
+    """With the key bitmap, the single pass of a merge with NOT MATCHED clauses counts its actions on the
+    source rows met with the target rows the bitmap holds, and derives the copies from the rows written."""
     ids = [*range(0, FILES * ROWS_PER_FILE, 7), *range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 40), None]
     source = write_table(tmp_path / "source", _source(ids))
     results = {}
     for plan in ("single_pass", "source_keys"):
         target = _target(tmp_path / plan)
-        with find_plan(plan), join_plan(broadcast=broadcast):  # type: ignore[arg-type]
+        with find_plan(plan), join_plan(broadcast=join != "shuffle",  # type: ignore[arg-type]
+                                        key_bitmap="held" if join == "key_bitmap" else None):
             results[plan] = run_merge(spark, make_spec(target, source, on, clauses))
     one, two = results["single_pass"], results["source_keys"]
     assert one.result == two.result
