@@ -618,8 +618,12 @@ class ClassicMergeExecutor:
         start = time.monotonic()
         obs_source = Observation("numSourceRows")
         observed_source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
-        target = (delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files)
-                  .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
+        # NOT MATCHED BY SOURCE clauses touch every candidate: only a guess needs the touched files observed,
+        # and only then is the file read with its rows (unused, ``_metadata`` would be read whole).
+        guessed = not spec.not_matched_by_source
+        scanned = (delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files) if guessed
+                   else ctx.target_df(ctx.candidate_files, file_columns=False))
+        target = scanned.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         if not source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
             how = "right_outer" if spec.is_matched_only else "full_outer"
             joined = observed_source.alias(s).join(target.alias(t), on, how)
@@ -640,8 +644,6 @@ class ClassicMergeExecutor:
             joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
         target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
         matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-        # NOT MATCHED BY SOURCE clauses touch every candidate: only a guess needs the touched files observed.
-        guessed = not spec.not_matched_by_source
         probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
         probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)] if guessed else []
         added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
@@ -685,7 +687,7 @@ class ClassicMergeExecutor:
         spec = ctx.spec
         resolved = ctx.resolved
         s, t = spec.source_alias, spec.target_alias
-        probed, on = bitmap.probe_keys(target), bitmap.on(t, s)
+        on = bitmap.on(t, s)
         clauses = [*resolved.matched, *resolved.not_matched]
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
         tcols = target_write_cols(resolved.output_fields, t, existing, resolved.target_values)
@@ -695,11 +697,14 @@ class ClassicMergeExecutor:
                                                           resolved.not_matched, (), lookups)
 
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        # The rewrite reads no file column: left unused, ``_metadata`` would be read whole, row index and all.
+        rewrite = bitmap.probe_keys(ctx.target_df(ctx.candidate_files, file_columns=False)
+                                    .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
         rewritten, lookups = generate_precomputed_conditions_and_df(
-            probed.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
+            rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
         rewritten = rewritten.select(*output_cols(lookups))
 
-        held = (probed.where(F.col(PROBE_KEY_COL).isNotNull())
+        held = (bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
                 .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
         pairs, lookups = generate_precomputed_conditions_and_df(
             observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses)
