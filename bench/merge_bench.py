@@ -372,24 +372,21 @@ def child_main(side: str, job_path: str) -> int:
 
 
 class PeakSampler:
-    """Peak RSS of a process tree (the Spark JVM) while a block runs, sampled every 50 ms."""
+    """Peak RSS of a process tree (the Spark JVM) while a block runs, sampled every 50 ms. The tree is listed
+    once, at the start: listing it walks every process on the machine, CPU taken from the merge measured."""
 
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.peak = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._procs: list[Any] = []
 
     def _rss(self) -> int:
         import psutil
 
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0
         total = 0
-        for proc in procs:
+        for proc in self._procs:
             with suppress(psutil.Error):
                 total += proc.memory_info().rss
         return total
@@ -401,6 +398,11 @@ class PeakSampler:
 
     def __enter__(self) -> PeakSampler:
         if self.pid is not None:
+            import psutil
+
+            with suppress(psutil.Error):
+                root = psutil.Process(self.pid)
+                self._procs = [root, *root.children(recursive=True)]
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self
