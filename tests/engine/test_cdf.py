@@ -127,7 +127,7 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
     source_arrow = to_arrow(source_rows, columns, types)
     source = write_table(root / "source", source_arrow)
     engine_clauses = [c.engine_clause() for c in clauses]
-    with join_plan(broadcast=case["broadcast"]), find_plan(case["find_plan"]):
+    with join_plan(broadcast=case["broadcast"], key_bitmap=case["key_bitmap"]), find_plan(case["find_plan"]):
         result = run_merge(spark, make_spec(ours, source, on.sql, engine_clauses))
     oracle_merge(theirs, source_arrow, on.sql, engine_clauses)
     assert rows(ours, columns) == rows(theirs, columns)

@@ -249,12 +249,12 @@ def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str
 
 
 @pytest.mark.parametrize("clauses", [UPSERT, [clause("matched", "delete")]], ids=["upsert", "delete"])
-@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
-def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: list[Any], broadcast: bool) -> None:
+@pytest.mark.parametrize("join", ["broadcast", "key_bitmap", "shuffle"])
+def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: list[Any], join: str) -> None:
     """Change Data Feed rows come out of the single pass as out of the two: the same as deltalake's."""
     existing = list(range(0, FILES * ROWS_PER_FILE, 10))
     new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
-    with _no_find_pass(), join_plan(broadcast=broadcast):
+    with _no_find_pass(), join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, clauses, configuration=CDF)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)
