@@ -343,15 +343,14 @@ def unmatched_source_rows(ctx: MergeContext, source: DataFrame, files: Sequence[
     spec = ctx.spec
     s, t = spec.source_alias, spec.target_alias
     target = ctx.target_df(files, file_columns=False)
-    if bitmap is None or not _target_keys_fit_broadcast(files):
+    if bitmap is None or not _target_keys_fit_broadcast(delta.known_num_records(files)):
         return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe)
     if holds_few_target_rows(bitmap, files):
         return source_rows_matching_no_held_key(source, target, bitmap, s, t)
     return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe, bitmap=bitmap)
 
 
-def _target_keys_fit_broadcast(files: Sequence[Any]) -> bool:
-    rows = delta.known_num_records(files)
+def _target_keys_fit_broadcast(rows: int | None) -> bool:
     return rows is not None and rows * _TYPE_BYTES["long"] <= BROADCAST_SOURCE_BYTES
 
 
@@ -359,7 +358,7 @@ def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[Any]) -> bool:
     """Whether the target rows of ``files`` that the bitmap holds may be broadcast: about as few as the source
     has keys, and bounded even were every row held."""
     rows = delta.known_num_records(files)
-    return (rows is not None and _target_keys_fit_broadcast(files)
+    return (rows is not None and _target_keys_fit_broadcast(rows)
             and rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys)
 
 
