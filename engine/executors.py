@@ -41,6 +41,7 @@ from engine.expressions import KeyedOn, Sides, keyed_on, quote_identifier, sql
 from engine.output import (
     ACTION_COL,
     CDC_TYPE_COL,
+    CDC_TYPE_INSERT,
     COPY,
     DROP_SOURCE,
     INSERT,
@@ -70,7 +71,6 @@ BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
 """Sources up to this estimated size are broadcast (Spark's autoBroadcastJoinThreshold in the session)."""
 BROADCAST_SIZE_RATIO = 4
 """... and only when the target rows they meet are at least this many times as many."""
-SECOND_SCAN_COL = "_source_row_in_second_scan_"
 ONE_TASK_GROUPING_ROWS = 1_000_000
 """Sources known to have at most this many rows are grouped by key in one task."""
 SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
@@ -525,24 +525,25 @@ class ClassicMergeExecutor:
             described.append(f"({values}) matched {row['n']} source rows")
         return base + " Duplicate source keys: " + "; ".join(described) + "."
 
-    def _join_for_write(self, source: DataFrame, target: DataFrame) -> DataFrame:
+    def _join_for_write(self, source: DataFrame, counted: DataFrame, target: DataFrame) -> DataFrame:
         """The touched target rows with their matching source rows (right outer for matched-only merges), plus
         the source rows matching none (full outer). When the source fits a broadcast the full outer join is a
         broadcast left outer join of the target, united with the unmatched source rows: the target's rows are
-        streamed once instead of shuffled."""
+        streamed once instead of shuffled. ``counted`` is ``source`` observed, read where every source row
+        streams past once."""
         ctx = self.ctx
         spec = ctx.spec
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
         if spec.is_matched_only:
-            return source.alias(s).join(target.alias(t), on, "right_outer")
+            return counted.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
-            return source.alias(s).join(target.alias(t), on, "full_outer")
+            return counted.alias(s).join(target.alias(t), on, "full_outer")
         bitmap = key_bitmap(ctx, ctx.metrics.get("numSourceRows"))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
-            unmatched = source_rows_matching_no_key(source, matched, keyed, s)
+            unmatched = source_rows_matching_no_key(counted, matched, keyed, s)
         else:
-            unmatched = unmatched_source_rows(ctx, source, ctx.touched_files, bitmap)
+            unmatched = unmatched_source_rows(ctx, counted, ctx.touched_files, bitmap, probe=source)
         return self._broadcast_full_outer(source, target, unmatched, bitmap)
 
     def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame,
@@ -631,7 +632,7 @@ class ClassicMergeExecutor:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
             bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
-            if (bitmap is not None and not ctx.cdc_enabled and not spec.not_matched_by_source
+            if (bitmap is not None and not spec.not_matched_by_source
                     and holds_few_target_rows(bitmap, ctx.candidate_files)):
                 return self._write_in_one_pass_counting_pairs(observed_source, obs_source, target, bitmap, start)
             unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
@@ -649,7 +650,7 @@ class ClassicMergeExecutor:
         added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
                                                     probe_metrics=probe_metrics)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
-        ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
         # Every target row the join gave takes one target-side action. The statistics' row count (required by
         # takes_single_pass) spares observing the scan, which would stop whole-stage code generation there.
         target_rows_out = sum(counts.get(c, 0) for c in TARGET_SIDE_ACTIONS)
@@ -667,7 +668,8 @@ class ClassicMergeExecutor:
             # The pass did findTouchedFiles' work, and that is all that is kept of it.
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return None
-        self._record_write_metrics(counts, cdc_files)
+        # The write read the source once, every row of it: the second scan and the first are one.
+        self._record_write_metrics(counts, cdc_files, source_rows)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
 
@@ -681,9 +683,8 @@ class ClassicMergeExecutor:
         read). Each matched pair takes the action its target row takes in the write, so the pairs count the
         matched actions and the touched files, and the source rows matching none are the inserts. The copies
         are the rows written (the files' footers) less the updates and inserts; the target rows the join gave
-        are the copies, updates and deletes. Needs no NOT MATCHED BY SOURCE clause (its actions fall on the
-        uncounted rows) and no Change Data Feed (measured slower this way, with its change rows generated after
-        the union of the two sides)."""
+        are the copies, updates and deletes (change files are not counted). Needs no NOT MATCHED BY SOURCE
+        clause: its actions fall on the uncounted rows."""
         ctx = self.ctx
         spec = ctx.spec
         resolved = ctx.resolved
@@ -693,9 +694,12 @@ class ClassicMergeExecutor:
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
         tcols = target_write_cols(resolved.output_fields, t, existing, resolved.target_values)
 
+        cdc = ctx.cdc_enabled
+        preimage_names = [f"_preimage_{i}_" for i in range(len(tcols))] if cdc else []
+
         def output_cols(lookups: dict[int, Column]) -> list[Column]:
             return generate_write_all_changes_output_cols(tcols, ctx.output_names, resolved.matched,
-                                                          resolved.not_matched, (), lookups)
+                                                          resolved.not_matched, (), lookups, cdc=cdc)
 
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         # The rewrite reads no file column: left unused, ``_metadata`` would be read whole, row index and all.
@@ -703,7 +707,8 @@ class ClassicMergeExecutor:
                                     .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
         rewritten, lookups = generate_precomputed_conditions_and_df(
             rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
-        rewritten = rewritten.select(*output_cols(lookups))
+        rewritten = rewritten.select(*output_cols(lookups),
+                                     *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)])
 
         held = (bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
                 .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
@@ -719,19 +724,20 @@ class ClassicMergeExecutor:
         )
         obs = Observation("writeAllChanges")
         codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]
-        counted = acted.observe(obs, *action_counts(codes), F.count(F.lit(1)).alias("numSourceRowsInSecondScan"),
-                                F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
+        counted = acted.observe(obs, *action_counts(codes), F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
         unmatched = counted.where(F.col(ACTION_COL) == action(INSERT)).select(
             *[quote_identifier(n) for n in source_names]).alias(s)
         unmatched, insert_lookups = generate_precomputed_conditions_and_df(unmatched, resolved.not_matched)
-        inserts = unmatched.select(*generate_inserts_only_output_cols(ctx.output_names, resolved.output_fields,
-                                                                      resolved.not_matched, insert_lookups))
-        rows = repartition_for_write(ctx, rewritten.union(inserts))
-        output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
-        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id,
-                                       schema=output_schema(ctx))
+        insert_cols = generate_inserts_only_output_cols(ctx.output_names, resolved.output_fields,
+                                                        resolved.not_matched, insert_lookups)
+        if cdc:
+            insert_cols += [F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
+                            *[F.lit(None).cast(f.dataType).alias(n)
+                              for f, n in zip(resolved.output_fields, preimage_names, strict=True)]]
+        rows = repartition_for_write(ctx, rewritten.union(unmatched.select(*insert_cols)))
+        added, cdc_files = self._write_output(rows, preimage_names, (), write_id=ctx.write_id)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
-        ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
         written = sum(a.stats.num_records for a in added)
         counts[COPY] = written - counts[MATCHED_UPDATE] - counts[INSERT]
         target_rows_out = written - counts[INSERT] + counts[MATCHED_DELETE]
@@ -743,9 +749,9 @@ class ClassicMergeExecutor:
             return None
         ctx.touched_files = list(ctx.candidate_files)
         ctx.touched_files_known = True
-        self._record_write_metrics(counts, [])
+        self._record_write_metrics(counts, cdc_files, source_rows)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added, []
+        return added, cdc_files
 
     def write_all_changes(self) -> tuple[list[Any], list[Any]]:
         """Rewrite the touched files joined with the source; answers the added data and change files."""
@@ -762,9 +768,13 @@ class ClassicMergeExecutor:
             if spec.not_matched:
                 source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
                 dedup_columns.append(SOURCE_ROW_INDEX_COL)
-        joined = self._join_for_write(source, target)
+        # numSourceRowsInSecondScan: every source row the write reads, matched or not (Delta counts them on
+        # the join's source side).
+        second_scan = Observation("secondScan")
+        counted = source.observe(second_scan, F.count(F.lit(1)).alias("rows"))
+        joined = self._join_for_write(source, counted, target)
         added, cdc_files, observed = self._write_changes(joined, dedup_columns, write_id=ctx.write_id)
-        self._record_write_metrics(observed_counts(observed), cdc_files)
+        self._record_write_metrics(observed_counts(observed), cdc_files, int(second_scan.get.get("rows", 0) or 0))
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
 
@@ -789,7 +799,6 @@ class ClassicMergeExecutor:
         projected = joined.select(
             *output_cols,
             *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)],
-            F.col(SOURCE_ROW_PRESENT_COL).isNotNull().alias(SECOND_SCAN_COL),
             *dedup_columns,
             *probes,
         )
@@ -806,26 +815,29 @@ class ClassicMergeExecutor:
             codes.append(INSERT)
         observed = projected.observe(
             obs, *action_counts(codes),
-            F.count_if(F.col(SECOND_SCAN_COL)).alias("numSourceRowsInSecondScan"),
             *probe_metrics,
         )
-        cdc_files: list[Any] = []
-        if cdc:
-            names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
-            rows = generate_cdc_and_output_rows(
-                observed, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
-                [F.col(n) for n in preimage_names], dedup_columns,
-            ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-            # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
-            added, cdc_files = delta.write_data_and_cdc_files(ctx.spark, rows, ctx.snapshot, write_id=write_id,
-                                                              schema=output_schema(ctx))
-        else:
-            output = observed.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
-            added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id,
-                                           schema=output_schema(ctx))
+        added, cdc_files = self._write_output(observed, preimage_names, dedup_columns, write_id=write_id)
         return added, cdc_files, obs
 
-    def _record_write_metrics(self, counts: dict[str, int], cdc_files: list[Any]) -> None:
+    def _write_output(self, rows: DataFrame, preimage_names: Sequence[str], dedup_columns: Sequence[str], *,
+                      write_id: str) -> tuple[list[Any], list[Any]]:
+        """The output rows written, less the dropped ones; with Change Data Feed, with their change rows."""
+        ctx = self.ctx
+        if not ctx.cdc_enabled:
+            output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
+            return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id,
+                                          schema=output_schema(ctx)), []
+        names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
+        changes = generate_cdc_and_output_rows(
+            rows, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
+            [F.col(n) for n in preimage_names], dedup_columns,
+        ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
+        # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
+        return delta.write_data_and_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=write_id,
+                                              schema=output_schema(ctx))
+
+    def _record_write_metrics(self, counts: dict[str, int], cdc_files: list[Any], second_scan_rows: int) -> None:
         m = self.ctx.metrics
         m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
         m["numTargetRowsNotMatchedBySourceUpdated"] = counts.get(NOT_MATCHED_BY_SOURCE_UPDATE, 0)
@@ -834,7 +846,7 @@ class ClassicMergeExecutor:
         m["numTargetRowsNotMatchedBySourceDeleted"] = counts.get(NOT_MATCHED_BY_SOURCE_DELETE, 0)
         m["numTargetRowsInserted"] = counts.get(INSERT, 0)
         m["numTargetRowsCopied"] = counts.get(COPY, 0)
-        m["numSourceRowsInSecondScan"] = counts.get("numSourceRowsInSecondScan", 0)
+        m["numSourceRowsInSecondScan"] = second_scan_rows
         m["numTargetChangeFilesAdded"] = len(cdc_files)
         m["numTargetChangeFileBytes"] = sum(f.size for f in cdc_files)
 

@@ -121,6 +121,23 @@ def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None
     assert '"operation":"MERGE"' in log.replace(" ", "")
 
 
+@pytest.mark.parametrize("plan", ["single_pass", "source_keys", "target_rows"])
+@pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
+@pytest.mark.parametrize("name", ["update_only", "upsert"])
+def test_second_scan_counts_every_source_row(spark: SparkSession, tmp_path: Path, plan: FindPlan, broadcast: bool,
+                                             name: str) -> None:
+    """numSourceRowsInSecondScan is every source row writeAllChanges reads, as Delta counts it on the join's
+    source side: a matched-only merge's right outer join drops the source row matching none (id 5), yet it
+    was read."""
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    with find_plan(plan), join_plan(broadcast=broadcast):
+        result = run_merge(spark, make_spec(target, source, "t.id = s.id", CASES[name]))
+    assert result.metrics["numSourceRows"] == 3
+    assert result.metrics["numSourceRowsInSecondScan"] == 3
+    assert result.metrics["numTargetRowsUpdated"] == 2
+
+
 @pytest.mark.parametrize("clauses", [
     [clause("matched", "update", "s.n > 1", v="s.v")],
     [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")],

@@ -251,12 +251,26 @@ def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str
 @pytest.mark.parametrize("clauses", [UPSERT, [clause("matched", "delete")]], ids=["upsert", "delete"])
 @pytest.mark.parametrize("join", ["broadcast", "key_bitmap", "shuffle"])
 def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: list[Any], join: str) -> None:
-    """Change Data Feed rows come out of the single pass as out of the two: the same as deltalake's."""
+    """Change Data Feed rows come out of the single pass as out of the two: the same as deltalake's. With
+    the key bitmap and NOT MATCHED clauses, the pass counts its actions on the held target rows, and the
+    copies come from the data rows written, never the change rows."""
     existing = list(range(0, FILES * ROWS_PER_FILE, 10))
     new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
-    with _no_find_pass(), join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None):
+    real_pairs = executors.ClassicMergeExecutor._write_in_one_pass_counting_pairs
+    routes: list[str] = []
+
+    def spy_pairs(*args: Any, **kwargs: Any) -> Any:
+        routes.append("pairs")
+        return real_pairs(*args, **kwargs)
+
+    with _no_find_pass(), join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None), \
+            patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, clauses, configuration=CDF)
+    assert routes == (["pairs"] if join == "key_bitmap" and clauses is UPSERT else [])
     assert {k: result.result[k] for k in COUNTS} == expected
+    matched = len(existing)
+    assert result.metrics["numTargetRowsCopied"] == FILES * ROWS_PER_FILE - matched
+    assert result.metrics["numSourceRowsInSecondScan"] == len(existing) + len(new)
     assert rows(ours) == rows(theirs)
     assert changes(ours, ["id", "v"]) == changes(theirs, ["id", "v"])
     assert result.metrics["numTargetChangeFilesAdded"] >= 1
