@@ -215,13 +215,15 @@ class KeyBitmap:
         return condition
 
 
-def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn) -> KeyBitmap:
-    """The bitmap of the source's non-NULL key values, built here from the keys Spark hands over as Arrow."""
+def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn, target_rows: int = 0) -> KeyBitmap:
+    """The bitmap of the source's non-NULL key values, built here from the keys Spark hands over as Arrow. It
+    has at least as many bits as the target has rows, so that the target keys sharing a bit with a source key
+    number at most about as many as the source's keys."""
     key = keyed.keys[0]
     keys = (source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
             .where(F.col("k").isNotNull()).toArrow().column(0).to_numpy())
     bits = 1 << 16
-    while bits < len(keys) * KEY_BITMAP_BITS_PER_KEY and bits < KEY_BITMAP_MAX_BITS:
+    while bits < max(len(keys) * KEY_BITMAP_BITS_PER_KEY, target_rows) and bits < KEY_BITMAP_MAX_BITS:
         bits <<= 1
     positions = keys.astype(np.int64) & (bits - 1)
     words = np.zeros(bits // 64, dtype=np.uint64)
@@ -319,17 +321,18 @@ def one_integer_key(ctx: MergeContext) -> KeyedOn | None:
     return keyed if isinstance(target_type, INTEGRAL_TYPES) else None
 
 
-def key_bitmap(ctx: MergeContext, source_rows: int | None) -> KeyBitmap | None:
-    """The source's key bitmap (built once) when the broadcast source is large and ON is one equality of
-    integer columns (plus conjuncts over one side); else None."""
+def key_bitmap(ctx: MergeContext, source_rows: int | None, *, any_size: bool = False) -> KeyBitmap | None:
+    """The source's key bitmap (built once) when ON is one equality of integer columns (plus conjuncts over one
+    side) and the broadcast source is large, or of ``any_size`` (the single pass counts its actions on the
+    target rows the bitmap holds whatever the source's size); else None."""
     if ctx.key_bitmap is not None:
         return ctx.key_bitmap
-    if source_rows is None or source_rows < KEY_BITMAP_MIN_SOURCE_ROWS:
+    if source_rows is None or (source_rows < KEY_BITMAP_MIN_SOURCE_ROWS and not any_size):
         return None
     keyed = one_integer_key(ctx)
     if keyed is None or keyed.keys[0].null_safe:
         return None
-    ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed)
+    ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed, delta.known_num_records(ctx.candidate_files) or 0)
     return ctx.key_bitmap
 
 
@@ -631,14 +634,15 @@ class ClassicMergeExecutor:
         elif spec.not_matched:
             # The source is counted where the rows matching no target row stream past; an observation may
             # appear once in a plan.
-            bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
-            if (bitmap is not None and not spec.not_matched_by_source
-                    and holds_few_target_rows(bitmap, ctx.candidate_files)):
+            bitmap = key_bitmap(ctx, ctx.source_rows_estimate, any_size=guessed)
+            if bitmap is not None and guessed and holds_few_target_rows(bitmap, ctx.candidate_files):
                 return self._write_in_one_pass_counting_pairs(observed_source, obs_source, target, bitmap, start)
             unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
             joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
                                                 unmatched, bitmap)
         else:
+            # A matched-only merge writes no source row: its pairs would have to be counted in a Spark job of
+            # their own, which measured no faster than observing the target's rows as they stream past.
             bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
             if bitmap is not None:
                 target, on = bitmap.probe_keys(target), bitmap.on(t, s)
@@ -714,7 +718,8 @@ class ClassicMergeExecutor:
                 .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
         pairs, lookups = generate_precomputed_conditions_and_df(
             observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses)
-        source_names = [f.name for f in observed_source.schema.fields]
+        # The source's own schema is known already: asking the observed frame would cost the server a round trip.
+        source_names = [*(f.name for f in ctx.source.schema.fields), SOURCE_ROW_PRESENT_COL]
         acted = pairs.select(
             *[F.col(_qualified(s, n)) for n in source_names],
             # Only the action: the target's other columns stay out of the broadcast.

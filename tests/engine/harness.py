@@ -154,8 +154,11 @@ def join_plan(*, broadcast: bool, key_bitmap: KeyBitmapPlan | None = None) -> Ab
     the streamed target, or both sides shuffled (Delta's own plan). ``key_bitmap`` also gives the broadcast
     plan the source's key bitmap whatever the source's size, where ON allows one; the source rows matching no
     target row are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join
-    through the bitmap (``semi``)."""
+    through the bitmap (``semi``). Without ``key_bitmap`` no merge gets one, not even the single pass, which
+    otherwise counts its actions on the held rows whatever the source's size."""
     stack = ExitStack()
+    if key_bitmap is None:
+        stack.enter_context(patch.object(executors, "key_bitmap", lambda *args, **kwargs: None))
     if broadcast:
         stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
         if key_bitmap is not None:

@@ -125,10 +125,11 @@ def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path
 ], ids=["one_file_touched", "none_touched"])
 def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: Path, on: str,
                                                  touched: int) -> None:
+    """Observed as the target's rows stream past (no key bitmap), the single pass knows which files it touched."""
     # Keys in the first file only, plus two new keys that keep every file a candidate.
     source_ids = [*range(0, 100), 5000, 5001]
     phases: list[str] = []
-    with find_plan("single_pass"), _no_find_pass():
+    with find_plan("single_pass"), join_plan(broadcast=True), _no_find_pass():
         result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, on, phases=phases)
     assert {k: result.result[k] for k in COUNTS} == expected
     # The discarded pass found the touched files: the rewrite of those is still the writing phase.
