@@ -82,7 +82,8 @@ such a file has none is below e**-16."""
 TOUCHED_FILE_COL = "_touched_file_"
 KEY_BITMAP_MIN_SOURCE_ROWS = 100_000
 """Sources of at least this many rows get a bitmap of their join keys: their broadcast hash table outgrows the
-CPU caches, and each target row's probe into it costs a cache miss, most of them for keys it does not hold."""
+CPU caches, and each target row's probe into it costs a cache miss, most of them for keys it does not hold. (The
+single pass with NOT MATCHED clauses takes one whatever the source's size, to count on the rows it holds.)"""
 KEY_BITMAP_BITS_PER_KEY = 16
 KEY_BITMAP_MAX_BITS = 1 << 24
 """2 MiB: the bitmap must stay cache-sized to be worth testing before the probe."""
