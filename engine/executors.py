@@ -60,6 +60,7 @@ from engine.output import (
     generate_inserts_only_output_cols,
     generate_precomputed_conditions_and_df,
     generate_write_all_changes_output_cols,
+    preimage_names,
     target_write_cols,
 )
 from engine.resolution import ResolvedMerge
@@ -700,7 +701,7 @@ class ClassicMergeExecutor:
         tcols = target_write_cols(resolved.output_fields, t, existing, resolved.target_values)
 
         cdc = ctx.cdc_enabled
-        preimage_names = [f"_preimage_{i}_" for i in range(len(tcols))] if cdc else []
+        preimages = preimage_names(len(tcols)) if cdc else []
 
         def output_cols(lookups: dict[int, Column]) -> list[Column]:
             return generate_write_all_changes_output_cols(tcols, ctx.output_names, resolved.matched,
@@ -713,7 +714,7 @@ class ClassicMergeExecutor:
         rewritten, lookups = generate_precomputed_conditions_and_df(
             rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
         rewritten = rewritten.select(*output_cols(lookups),
-                                     *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)])
+                                     *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)])
 
         held = (bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
                 .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
@@ -739,9 +740,9 @@ class ClassicMergeExecutor:
         if cdc:
             insert_cols += [F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
                             *[F.lit(None).cast(f.dataType).alias(n)
-                              for f, n in zip(resolved.output_fields, preimage_names, strict=True)]]
+                              for f, n in zip(resolved.output_fields, preimages, strict=True)]]
         rows = repartition_for_write(ctx, rewritten.union(unmatched.select(*insert_cols)))
-        added, cdc_files = self._write_output(rows, preimage_names, (), write_id=ctx.write_id)
+        added, cdc_files = self._write_output(rows, preimages, (), write_id=ctx.write_id)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
         source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
         written = sum(a.stats.num_records for a in added)
@@ -801,10 +802,10 @@ class ClassicMergeExecutor:
             tcols, ctx.output_names, ctx.resolved.matched, ctx.resolved.not_matched,
             ctx.resolved.not_matched_by_source, lookups, cdc=cdc,
         )
-        preimage_names = [f"_preimage_{i}_" for i in range(len(tcols))] if cdc else []
+        preimages = preimage_names(len(tcols)) if cdc else []
         projected = joined.select(
             *output_cols,
-            *[c.alias(n) for c, n in zip(tcols, preimage_names, strict=False)],
+            *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)],
             *dedup_columns,
             *probes,
         )
@@ -823,10 +824,10 @@ class ClassicMergeExecutor:
             obs, *action_counts(codes),
             *probe_metrics,
         )
-        added, cdc_files = self._write_output(observed, preimage_names, dedup_columns, write_id=write_id)
+        added, cdc_files = self._write_output(observed, preimages, dedup_columns, write_id=write_id)
         return added, cdc_files, obs
 
-    def _write_output(self, rows: DataFrame, preimage_names: Sequence[str], dedup_columns: Sequence[str], *,
+    def _write_output(self, rows: DataFrame, preimages: Sequence[str], dedup_columns: Sequence[str], *,
                       write_id: str) -> tuple[list[Any], list[Any]]:
         """The output rows written, less the dropped ones; with Change Data Feed, with their change rows."""
         ctx = self.ctx
@@ -837,7 +838,7 @@ class ClassicMergeExecutor:
         names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
         changes = generate_cdc_and_output_rows(
             rows, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
-            [F.col(n) for n in preimage_names], dedup_columns,
+            [F.col(n) for n in preimages], dedup_columns,
         ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
         # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
         return delta.write_data_and_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=write_id,

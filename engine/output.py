@@ -181,6 +181,11 @@ _DATA_ROW, _CHANGE_ROW, _PREIMAGE_ROW = 0, 1, 2
 CDC_ROW_KIND_COL = "_cdc_row_kind_"
 
 
+def preimage_names(count: int) -> list[str]:
+    """The columns that carry the target row as it was, for an update's ``update_preimage`` change row."""
+    return [f"_preimage_{i}_" for i in range(count)]
+
+
 def generate_cdc_and_output_rows(
     df: DataFrame,
     output_cols: Sequence[Column],
@@ -199,11 +204,11 @@ def generate_cdc_and_output_rows(
     kind: no struct is built per row, and the generated code stays whole (measured 2.5x cheaper on top of
     a plain copy of 5M rows)."""
     names = [*output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
-    preimage_names = [f"_preimage_{i}_" for i in range(len(output_names))]
+    preimages = preimage_names(len(output_names))
     dedup = [F.col(c) for c in dedup_columns]
     projected = df.select(
         *[c.alias(n) for c, n in zip(output_cols, names, strict=True)],
-        *[c.alias(n) for c, n in zip(target_cols, preimage_names, strict=True)],
+        *[c.alias(n) for c, n in zip(target_cols, preimages, strict=True)],
         *dedup,
     )
     cdc_type = F.col(CDC_TYPE_COL)
@@ -220,7 +225,7 @@ def generate_cdc_and_output_rows(
     dropped = F.col(ROW_DROPPED_COL)
     rows = exploded.select(
         *[F.when(preimage, F.col(p)).otherwise(F.col(quote_identifier(n))).alias(n)
-          for n, p in zip(output_names, preimage_names, strict=True)],
+          for n, p in zip(output_names, preimages, strict=True)],
         # A delete's change row is kept: the deleted row is dropped from the data only.
         F.when(preimage, F.lit(False))
         .when((kind == F.lit(_CHANGE_ROW)) & cdc_type.eqNullSafe(CDC_TYPE_DELETE), ~dropped)
