@@ -22,6 +22,7 @@ run: $(STAMP) check-java
 
 test: $(STAMP) check-java
 	$(BIN)/ruff check engine service migrations tests bench
+	$(BIN)/ruff format --check engine service migrations tests bench
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

@@ -78,8 +78,14 @@ TARGETS = {"POST": ("p99", 25.0), "GET": ("p99", 10.0), "claim": ("p50", 200.0)}
 @dataclass
 class StandInResult:
     table_version: int | None = 1
-    result: dict[str, int] = field(default_factory=lambda: {"num_affected_rows": 1, "num_updated_rows": 0,
-                                                            "num_deleted_rows": 0, "num_inserted_rows": 1})
+    result: dict[str, int] = field(
+        default_factory=lambda: {
+            "num_affected_rows": 1,
+            "num_updated_rows": 0,
+            "num_deleted_rows": 0,
+            "num_inserted_rows": 1,
+        }
+    )
     metrics: dict[str, int] = field(default_factory=lambda: {"numSourceRows": 1})
     already_applied: bool = False
 
@@ -320,9 +326,15 @@ class LoadClient:
             writer.close()
 
 
-async def open_loop(name: str, count: int, rate: float, base: str,
-                    request: Callable[[LoadClient, int], Awaitable[Response]], ok: int, time_limit: float
-                    ) -> tuple[Run, list[Response]]:
+async def open_loop(
+    name: str,
+    count: int,
+    rate: float,
+    base: str,
+    request: Callable[[LoadClient, int], Awaitable[Response]],
+    ok: int,
+    time_limit: float,
+) -> tuple[Run, list[Response]]:
     run = Run(name)
     responses: list[Response | None] = [None] * count
     client = LoadClient(base)
@@ -413,8 +425,10 @@ def measured(pid: int, coro: Coroutine[Any, Any, tuple[Run, list[Response]]]) ->
 def merge_body(lake: Path, i: int) -> dict[str, Any]:
     return {
         "target": str(lake / f"t{i % TABLES:02d}"),
-        "source": {"rows": [{"id": i, "name": f"n{i}", "amount": "12.50"}],
-                   "schema": "id BIGINT, name STRING, amount DECIMAL(10,2)"},
+        "source": {
+            "rows": [{"id": i, "name": f"n{i}", "amount": "12.50"}],
+            "schema": "id BIGINT, name STRING, amount DECIMAL(10,2)",
+        },
         "target_alias": "t",
         "source_alias": "s",
         "on": "t.id = s.id",
@@ -430,16 +444,15 @@ def claim_waits(manager: JobManager, ids: list[str], timeout: float) -> tuple[li
     wanted = set(ids)
     while True:
         with manager.engine.connect() as conn:
-            rows = conn.execute(
-                select(jobs_table.c.id, jobs_table.c.submitted_at, jobs_table.c.started_at)
-            ).all()
+            rows = conn.execute(select(jobs_table.c.id, jobs_table.c.submitted_at, jobs_table.c.started_at)).all()
         stamps: dict[str, tuple[datetime, datetime | None]] = {
             r.id: (r.submitted_at, r.started_at) for r in rows if r.id in wanted
         }
         unclaimed = sum(1 for s, started in stamps.values() if started is None)
         if unclaimed == 0 or time.monotonic() > deadline:
-            waits = [(started - submitted).total_seconds() for submitted, started in stamps.values()
-                     if started is not None]
+            waits = [
+                (started - submitted).total_seconds() for submitted, started in stamps.values() if started is not None
+            ]
             return waits, unclaimed
         time.sleep(0.5)
 
@@ -490,15 +503,34 @@ def latency_row(backend: str, kind: str, run: Run, rate: float) -> Row:
         note += f"; API CPU {run.cpu / run.sent * 1000:.1f} ms/request"
     if run.errors:
         note += f"; {len(run.errors)} errors"
-    return Row(backend, run.name, f"{len(run.from_schedule)}/{run.sent}", p50, p99, percentile(run.from_send, 50),
-               percentile(run.from_send, 99), f"{which} <= {limit:g} ms", verdict(kind, p50, p99), note)
+    return Row(
+        backend,
+        run.name,
+        f"{len(run.from_schedule)}/{run.sent}",
+        p50,
+        p99,
+        percentile(run.from_send, 50),
+        percentile(run.from_send, 99),
+        f"{which} <= {limit:g} ms",
+        verdict(kind, p50, p99),
+        note,
+    )
 
 
 def print_table(rows: list[Row]) -> None:
     header = ("backend", "measure", "n", "p50 ms", "p99 ms", "p50/p99 from send", "target", "", "note")
     lines = [header] + [
-        (r.backend, r.what, r.n, ms(r.p50), ms(r.p99),
-         "" if math.isnan(r.p50_send) else f"{ms(r.p50_send)} / {ms(r.p99_send)}", r.target, r.verdict, r.note)
+        (
+            r.backend,
+            r.what,
+            r.n,
+            ms(r.p50),
+            ms(r.p99),
+            "" if math.isnan(r.p50_send) else f"{ms(r.p50_send)} / {ms(r.p99_send)}",
+            r.target,
+            r.verdict,
+            r.note,
+        )
         for r in rows
     ]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
@@ -522,8 +554,11 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
             manager.migrate()
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            env = {**{k: v for k, v in os.environ.items() if not k.startswith("MERGE_SERVICE_")},
-                   "MERGE_SERVICE_DATABASE_URL": url, "MERGE_SERVICE_LAKE_ROOTS": str(lake)}
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("MERGE_SERVICE_")},
+                "MERGE_SERVICE_DATABASE_URL": url,
+                "MERGE_SERVICE_LAKE_ROOTS": str(lake),
+            }
             api_log, worker_log = home / "api.log", home / "worker.log"
             api_args = [str(BIN / "merge-service"), "api", "--host", "127.0.0.1", "--port", str(port)]
             if args.api_processes:
@@ -540,19 +575,31 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
                     run_async(open_loop("warm-up", 100, args.rate, base, post, 202, 10))
 
                     claim_count = max(1, int(args.claim_rate * args.claim_seconds))
-                    paced, responses = run_async(open_loop("claim", claim_count, args.claim_rate, base, post, 202,
-                                                           args.claim_seconds + 5))
+                    paced, responses = run_async(
+                        open_loop("claim", claim_count, args.claim_rate, base, post, 202, args.claim_seconds + 5)
+                    )
                     waits, unclaimed = claim_waits(manager, [r.json()["id"] for r in responses], timeout=30)
-                    rows.append(Row(backend, f"submit-to-claim @{args.claim_rate:g}/s", f"{len(waits)}/{paced.sent}",
-                                    percentile(waits, 50), percentile(waits, 99), target="p50 <= 200 ms",
-                                    verdict=verdict("claim", percentile(waits, 50), percentile(waits, 99)),
-                                    note=f"1 worker, poll 0.2 s; {unclaimed} unclaimed" if unclaimed else
-                                    "1 worker, poll 0.2 s"))
+                    rows.append(
+                        Row(
+                            backend,
+                            f"submit-to-claim @{args.claim_rate:g}/s",
+                            f"{len(waits)}/{paced.sent}",
+                            percentile(waits, 50),
+                            percentile(waits, 99),
+                            target="p50 <= 200 ms",
+                            verdict=verdict("claim", percentile(waits, 50), percentile(waits, 99)),
+                            note=f"1 worker, poll 0.2 s; {unclaimed} unclaimed"
+                            if unclaimed
+                            else "1 worker, poll 0.2 s",
+                        )
+                    )
 
                 with process(worker_args, {**env, JOB_SECONDS_ENV: str(args.job_seconds)}, home / "worker-paced.log"):
                     limit = args.count / args.rate + 20
-                    posted, responses = measured(api.pid, open_loop(f"POST /merges @{args.rate:g}/s", args.count,
-                                                                    args.rate, base, post, 202, limit))
+                    posted, responses = measured(
+                        api.pid,
+                        open_loop(f"POST /merges @{args.rate:g}/s", args.count, args.rate, base, post, 202, limit),
+                    )
                     rows.append(latency_row(backend, "POST", posted, args.rate))
                     ids = [r.json()["id"] for r in responses]
 
@@ -560,8 +607,12 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
                         return await client.get(f"/merges/{ids[(i * 7919) % len(ids)]}")
 
                     if ids:
-                        got, _ = measured(api.pid, open_loop(f"GET /merges/{{id}} @{args.rate:g}/s", args.count,
-                                                             args.rate, base, get, 200, limit))
+                        got, _ = measured(
+                            api.pid,
+                            open_loop(
+                                f"GET /merges/{{id}} @{args.rate:g}/s", args.count, args.rate, base, get, 200, limit
+                            ),
+                        )
                         rows.append(latency_row(backend, "GET", got, args.rate))
                 for run in (posted,) + ((got,) if ids else ()):
                     for error in run.errors[:3]:
@@ -577,10 +628,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=2000, help="requests per run")
     parser.add_argument("--claim-rate", type=float, default=5.0, help="submissions per second (claim run)")
     parser.add_argument("--claim-seconds", type=float, default=20.0)
-    parser.add_argument("--job-seconds", type=float, default=1.0,
-                        help="how long the stand-in worker takes per job during the POST and GET runs")
-    parser.add_argument("--api-processes", type=int, default=None,
-                        help="API server processes (default: the service's own default)")
+    parser.add_argument(
+        "--job-seconds",
+        type=float,
+        default=1.0,
+        help="how long the stand-in worker takes per job during the POST and GET runs",
+    )
+    parser.add_argument(
+        "--api-processes", type=int, default=None, help="API server processes (default: the service's own default)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -600,9 +656,11 @@ def main(argv: list[str] | None = None) -> int:
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     processes = ", ".join(f"{b} {args.api_processes or default_api_processes('api', b)}" for b in backends)
-    print(f"\nAPI benchmark: open-loop, latency from the scheduled send; {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}; API processes: {processes}; stand-in jobs take "
-          f"{args.job_seconds:g} s during the POST and GET runs\n")
+    print(
+        f"\nAPI benchmark: open-loop, latency from the scheduled send; {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}; API processes: {processes}; stand-in jobs take "
+        f"{args.job_seconds:g} s during the POST and GET runs\n"
+    )
     print_table(rows)
     return 1 if failed else 0
 

@@ -102,8 +102,17 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
     first = text.splitlines()[0][:1000] if text else type(exc).__name__
     if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
         return MergeCancelledError("The merge was cancelled while Spark was running it.")
-    if any(k in condition for k in ("CAST_OVERFLOW", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF_RANGE",
-                                    "ARITHMETIC_OVERFLOW", "NUMERIC_OUT_OF_SUPPORTED_RANGE", "DATETIME_OVERFLOW")):
+    if any(
+        k in condition
+        for k in (
+            "CAST_OVERFLOW",
+            "CAST_INVALID_INPUT",
+            "NUMERIC_VALUE_OUT_OF_RANGE",
+            "ARITHMETIC_OVERFLOW",
+            "NUMERIC_OUT_OF_SUPPORTED_RANGE",
+            "DATETIME_OVERFLOW",
+        )
+    ):
         return DataCastError(f"A value does not fit its target column: {first}")
     if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
         return MergeResolutionError(first)
@@ -170,8 +179,15 @@ def _comparable(source: DataType | None, target: DataType | None) -> bool:
 
 
 class MergeIntoCommand:
-    def __init__(self, spark: SparkSession, spec: MergeSpec, *, txn: AppTransaction | None,
-                 on_progress: ProgressCallback | None, dry_run: bool) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        spec: MergeSpec,
+        *,
+        txn: AppTransaction | None,
+        on_progress: ProgressCallback | None,
+        dry_run: bool,
+    ) -> None:
         self.spark = spark
         self.spec = spec
         self.txn = txn
@@ -224,8 +240,10 @@ class MergeIntoCommand:
         self.on_progress("preparing_source")
         start = time.monotonic()
         source = source_dataframe(self.spark, self.spec.source, self._views)
-        if not self.spec.is_insert_only and not isinstance(self.spec.source, RowsSource) and not (
-            isinstance(self.spec.source, TableSource) and self.spec.source.format == "delta"
+        if (
+            not self.spec.is_insert_only
+            and not isinstance(self.spec.source, RowsSource)
+            and not (isinstance(self.spec.source, TableSource) and self.spec.source.format == "delta")
         ):
             source = source.localCheckpoint(eager=True)
             self.metrics["materializeSourceTimeMs"] = int((time.monotonic() - start) * 1000)
@@ -240,9 +258,12 @@ class MergeIntoCommand:
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))
         all_files = list(snapshot.files)
-        sides = Sides(spec.target_alias, spec.source_alias,
-                      frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
-                      frozenset(f.name.lower() for f in source.schema.fields))
+        sides = Sides(
+            spec.target_alias,
+            spec.source_alias,
+            frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
+            frozenset(f.name.lower() for f in source.schema.fields),
+        )
         predicate = self._skipping_predicate(snapshot, source, sides, all_files)
         candidates = delta.prune_files(snapshot, all_files, predicate) if predicate is not None else all_files
         m = self.metrics
@@ -253,10 +274,20 @@ class MergeIntoCommand:
         m["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
 
         key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
-        ctx = MergeContext(self.spark, spec, snapshot, resolved, source, candidates, self.write_id, m,
-                           cdc_enabled=bool(snapshot.cdf_enabled), key_exprs=key_exprs,
-                           source_rows_estimate=self._source_rows_estimate(),
-                           source_key_ranges=dict(self._source_key_ranges))
+        ctx = MergeContext(
+            self.spark,
+            spec,
+            snapshot,
+            resolved,
+            source,
+            candidates,
+            self.write_id,
+            m,
+            cdc_enabled=bool(snapshot.cdf_enabled),
+            key_exprs=key_exprs,
+            source_rows_estimate=self._source_rows_estimate(),
+            source_key_ranges=dict(self._source_key_ranges),
+        )
         self._ctx = ctx
         removed: list[Any] = []
         cdc_files: list[Any] = []
@@ -288,7 +319,8 @@ class MergeIntoCommand:
                 removed = touched
             elif spec.not_matched:
                 added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
-                    filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan")
+                    filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan"
+                )
             else:
                 added = []
         self._finish_metrics(snapshot, added, removed)
@@ -314,8 +346,9 @@ class MergeIntoCommand:
 
     # --- data skipping -----------------------------------------------------------------------------------------
 
-    def _skipping_predicate(self, snapshot: Any, source: DataFrame, sides: Sides,
-                            files: list[Any]) -> exp.Expression | None:
+    def _skipping_predicate(
+        self, snapshot: Any, source: DataFrame, sides: Sides, files: list[Any]
+    ) -> exp.Expression | None:
         """Delta's getTargetOnlyPredicates (ON, and for matched-only merges the clause conditions), plus, beyond
         Delta on Spark, the source's join-key range and partition values. None with NOT MATCHED BY SOURCE
         clauses: every target row is then in scope."""
@@ -329,8 +362,11 @@ class MergeIntoCommand:
                 if clause.condition is None:
                     per_clause = []
                     break
-                parts = [strip_qualifiers(c) for c in conjuncts(parse_expression(clause.condition, "condition"))
-                         if sides.sides_of(c) == {"target"}]
+                parts = [
+                    strip_qualifiers(c)
+                    for c in conjuncts(parse_expression(clause.condition, "condition"))
+                    if sides.sides_of(c) == {"target"}
+                ]
                 if not parts:
                     per_clause = []
                     break
@@ -357,8 +393,11 @@ class MergeIntoCommand:
             return []
         partition_cols = {c.lower() for c in snapshot.partition_columns}
         ranges = [_KeyRange() for _ in keys]
-        missing = [i for i, (column, name) in enumerate(keys)
-                   if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)]
+        missing = [
+            i
+            for i, (column, name) in enumerate(keys)
+            if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)
+        ]
         if missing:
             aggs = []
             instants = set()
@@ -369,8 +408,11 @@ class MergeIntoCommand:
                 if isinstance(source_types.get(keys[i][1].lower()), TimestampType):
                     instants.add(i)
                 crossed = F.unix_micros if i in instants else _as_is
-                aggs += [crossed(F.min(value)).alias(f"min{i}"), crossed(F.max(value)).alias(f"max{i}"),
-                         F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}")]
+                aggs += [
+                    crossed(F.min(value)).alias(f"min{i}"),
+                    crossed(F.max(value)).alias(f"max{i}"),
+                    F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}"),
+                ]
                 if keys[i][0].lower() in partition_cols:
                     values = F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
                     aggs.append((F.transform(values, crossed) if i in instants else values).alias(f"values{i}"))
@@ -384,8 +426,9 @@ class MergeIntoCommand:
         null_safe_columns = set()
         for c in conjuncts(parse_expression(self.spec.on, "on")):
             if isinstance(c, exp.NullSafeEQ):
-                null_safe_columns |= {str(side.name).lower() for side in (c.left, c.right)
-                                      if isinstance(side, exp.Column)}
+                null_safe_columns |= {
+                    str(side.name).lower() for side in (c.left, c.right) if isinstance(side, exp.Column)
+                }
         predicates: list[exp.Expression] = []
         for (column, _), rng in zip(keys, ranges, strict=True):
             self._source_key_ranges[column.lower()] = (rng.low, rng.high)
@@ -468,8 +511,15 @@ class MergeIntoCommand:
 
     # --- the commit ----------------------------------------------------------------------------------------------
 
-    def _commit(self, snapshot: Any, resolved: Any, predicate: exp.Expression | None, candidates: list[Any],
-                added: list[Any], removed: list[Any]) -> int:
+    def _commit(
+        self,
+        snapshot: Any,
+        resolved: Any,
+        predicate: exp.Expression | None,
+        candidates: list[Any],
+        added: list[Any],
+        removed: list[Any],
+    ) -> int:
         transaction = delta.Transaction(snapshot, engine_info=ENGINE_INFO)
         transaction.record_read(candidates, sql(predicate) if predicate is not None else None)
         if self.txn is not None:
@@ -484,8 +534,11 @@ class MergeIntoCommand:
         metrics = {k: str(self.metrics[k]) for k in COMMIT_METRICS}
         try:
             version = transaction.commit(
-                actions, operation="MERGE", operation_parameters=self._operation_parameters(),
-                operation_metrics=metrics, is_blind_append=False,
+                actions,
+                operation="MERGE",
+                operation_parameters=self._operation_parameters(),
+                operation_metrics=metrics,
+                is_blind_append=False,
             )
         except CommitStateUnknownError:
             self._outcome_unknown = True
@@ -543,5 +596,7 @@ def _already_applied(snapshot: Any, txn: AppTransaction) -> MergeResult:
                 metrics[key] = int(value)
     return MergeResult(
         table_version=version if version is not None else snapshot.version,
-        result=_result_row(metrics), metrics=metrics, already_applied=True,
+        result=_result_row(metrics),
+        metrics=metrics,
+        already_applied=True,
     )

@@ -94,8 +94,7 @@ HELD_TARGET_ROWS_PER_KEY = 2
 finds the source rows matching none, and for the single pass to count its actions on."""
 PROBE_KEY_COL = "_probe_key_"
 FILE_HASH_COL = "_file_hash_"
-TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE,
-                       NOT_MATCHED_BY_SOURCE_DELETE)
+TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE)
 """The actions a row of the target takes: one each."""
 
 
@@ -204,14 +203,19 @@ class KeyBitmap:
         position = column.cast("long").bitwiseAND(F.lit(self.bits - 1))
         word = F.element_at(F.col(KEY_BITMAP_COL), F.shiftright(position, 6).cast("int") + 1)
         held = F.shiftright(word, position.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1)) == 1
-        return (target.crossJoin(F.broadcast(self.frame))
-                .withColumn(PROBE_KEY_COL, F.when(held, column))
-                .drop(KEY_BITMAP_COL))
+        return (
+            target.crossJoin(F.broadcast(self.frame))
+            .withColumn(PROBE_KEY_COL, F.when(held, column))
+            .drop(KEY_BITMAP_COL)
+        )
 
     def on(self, target_alias: str, source_alias: str) -> Column:
         """ON with the probe key in place of the target's key column."""
-        condition = _key_condition(self.keyed, [_qualified(target_alias, PROBE_KEY_COL)],
-                                   [_qualified(source_alias, self.keyed.keys[0].source_column)])
+        condition = _key_condition(
+            self.keyed,
+            [_qualified(target_alias, PROBE_KEY_COL)],
+            [_qualified(source_alias, self.keyed.keys[0].source_column)],
+        )
         for predicate in (*self.keyed.target_only, *self.keyed.source_only):
             condition = condition & F.expr(sql(predicate))
         return condition
@@ -222,8 +226,13 @@ def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn, target
     has at least as many bits as the target has rows, so that the target keys sharing a bit with a source key
     number at most about as many as the source's keys."""
     key = keyed.keys[0]
-    keys = (source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
-            .where(F.col("k").isNotNull()).toArrow().column(0).to_numpy())
+    keys = (
+        source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
+        .where(F.col("k").isNotNull())
+        .toArrow()
+        .column(0)
+        .to_numpy()
+    )
     bits = 1 << 16
     while bits < max(len(keys) * KEY_BITMAP_BITS_PER_KEY, target_rows) and bits < KEY_BITMAP_MAX_BITS:
         bits <<= 1
@@ -254,8 +263,18 @@ def _is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
     return only is not None and isinstance(only.action, DeleteAction) and only.condition is None
 
 
-_TYPE_BYTES = {"byte": 1, "short": 2, "integer": 4, "long": 8, "float": 4, "double": 8, "boolean": 1,
-               "date": 4, "timestamp": 8, "timestamp_ntz": 8}
+_TYPE_BYTES = {
+    "byte": 1,
+    "short": 2,
+    "integer": 4,
+    "long": 8,
+    "float": 4,
+    "double": 8,
+    "boolean": 1,
+    "date": 4,
+    "timestamp": 8,
+    "timestamp_ntz": 8,
+}
 _OTHER_TYPE_BYTES = 32
 
 
@@ -276,9 +295,16 @@ def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Seq
     return rows * _row_bytes(ctx.source.schema) <= BROADCAST_SOURCE_BYTES
 
 
-def source_rows_matching_none(source: DataFrame, target: DataFrame, on: Column, source_alias: str,
-                              target_alias: str, *, probe: DataFrame | None = None,
-                              bitmap: KeyBitmap | None = None) -> DataFrame:
+def source_rows_matching_none(
+    source: DataFrame,
+    target: DataFrame,
+    on: Column,
+    source_alias: str,
+    target_alias: str,
+    *,
+    probe: DataFrame | None = None,
+    bitmap: KeyBitmap | None = None,
+) -> DataFrame:
     """``source LEFT ANTI JOIN target`` without shuffling the target: the target rows matching some source row
     (a semi join streaming the target past the broadcast source) are few, and a source row matches some target
     row exactly when it matches one of those. ``probe`` is the same rows as ``source`` without its
@@ -318,8 +344,10 @@ def one_integer_key(ctx: MergeContext) -> KeyedOn | None:
     keyed = keyed_join(ctx)
     if keyed is None or len(keyed.keys) != 1:
         return None
-    target_type = next((f.dataType for f in ctx.snapshot.spark_schema.fields
-                        if f.name.lower() == keyed.keys[0].target_column.lower()), None)
+    target_type = next(
+        (f.dataType for f in ctx.snapshot.spark_schema.fields if f.name.lower() == keyed.keys[0].target_column.lower()),
+        None,
+    )
     return keyed if isinstance(target_type, INTEGRAL_TYPES) else None
 
 
@@ -338,8 +366,14 @@ def key_bitmap(ctx: MergeContext, source_rows: int | None, *, any_size: bool = F
     return ctx.key_bitmap
 
 
-def unmatched_source_rows(ctx: MergeContext, source: DataFrame, files: Sequence[Any], bitmap: KeyBitmap | None, *,
-                          probe: DataFrame | None = None) -> DataFrame:
+def unmatched_source_rows(
+    ctx: MergeContext,
+    source: DataFrame,
+    files: Sequence[Any],
+    bitmap: KeyBitmap | None,
+    *,
+    probe: DataFrame | None = None,
+) -> DataFrame:
     """``source LEFT ANTI JOIN target`` over ``files``, for a source that fits a broadcast. With a bitmap that
     should hold about as few target rows as the source has keys, the held rows are the broadcast side
     (source_rows_matching_no_held_key); else a semi join finds the matched ones (source_rows_matching_none),
@@ -363,28 +397,35 @@ def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[Any]) -> bool:
     """Whether the target rows of ``files`` that the bitmap holds may be broadcast: about as few as the source
     has keys, and bounded even were every row held."""
     rows = delta.known_num_records(files)
-    return (rows is not None and _target_keys_fit_broadcast(rows)
-            and rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys)
+    return (
+        rows is not None
+        and _target_keys_fit_broadcast(rows)
+        and rows * bitmap.held_fraction <= HELD_TARGET_ROWS_PER_KEY * bitmap.keys
+    )
 
 
-def source_rows_matching_no_held_key(source: DataFrame, target: DataFrame, bitmap: KeyBitmap, source_alias: str,
-                                     target_alias: str) -> DataFrame:
+def source_rows_matching_no_held_key(
+    source: DataFrame, target: DataFrame, bitmap: KeyBitmap, source_alias: str, target_alias: str
+) -> DataFrame:
     """``source LEFT ANTI JOIN target`` through the source's key bitmap: a target row whose bit is clear
     matches no source row, so the rows the bitmap holds (the matches, and the keys sharing their bits) stand
     for the whole target. They are few enough to broadcast, and reading them waits for no other broadcast, so
     they are ready as soon as the source's own broadcast is."""
     held = bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
-    return source.alias(source_alias).join(F.broadcast(held.alias(target_alias)), bitmap.on(target_alias, source_alias),
-                                           "left_anti")
+    return source.alias(source_alias).join(
+        F.broadcast(held.alias(target_alias)), bitmap.on(target_alias, source_alias), "left_anti"
+    )
 
 
-def source_rows_matching_no_key(source: DataFrame, matched: DataFrame, keyed: KeyedOn,
-                                source_alias: str) -> DataFrame:
+def source_rows_matching_no_key(source: DataFrame, matched: DataFrame, keyed: KeyedOn, source_alias: str) -> DataFrame:
     """``source LEFT ANTI JOIN target`` from the keys findTouchedFiles saw matched: a source row matches
     some target row exactly when its key is among them and it passes ON's source-only conjuncts."""
     names = [f"_key_{i}_" for i in range(len(keyed.keys))]
-    condition = _key_condition(keyed, [_qualified(source_alias, k.source_column) for k in keyed.keys],
-                               [_qualified(MATCHED_KEYS_ALIAS, n) for n in names])
+    condition = _key_condition(
+        keyed,
+        [_qualified(source_alias, k.source_column) for k in keyed.keys],
+        [_qualified(MATCHED_KEYS_ALIAS, n) for n in names],
+    )
     for predicate in keyed.source_only:
         condition = condition & F.expr(sql(predicate))
     return source.alias(source_alias).join(matched.select(*names).alias(MATCHED_KEYS_ALIAS), condition, "left_anti")
@@ -462,8 +503,11 @@ class ClassicMergeExecutor:
         spec = ctx.spec
         s, t = spec.source_alias, spec.target_alias
         groups = self._grouped_by_key(source, keyed).agg(F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL))
-        condition = _key_condition(keyed, [_qualified(t, k.target_column) for k in keyed.keys],
-                                   [_qualified(s, k.source_column) for k in keyed.keys])
+        condition = _key_condition(
+            keyed,
+            [_qualified(t, k.target_column) for k in keyed.keys],
+            [_qualified(s, k.source_column) for k in keyed.keys],
+        )
         for predicate in keyed.target_only:
             condition = condition & F.expr(sql(predicate))
         target = ctx.target_df(ctx.candidate_files).alias(t)
@@ -551,8 +595,9 @@ class ClassicMergeExecutor:
             unmatched = unmatched_source_rows(ctx, counted, ctx.touched_files, bitmap, probe=source)
         return self._broadcast_full_outer(source, target, unmatched, bitmap)
 
-    def _broadcast_full_outer(self, source: DataFrame, target: DataFrame, unmatched: DataFrame,
-                              bitmap: KeyBitmap | None = None) -> DataFrame:
+    def _broadcast_full_outer(
+        self, source: DataFrame, target: DataFrame, unmatched: DataFrame, bitmap: KeyBitmap | None = None
+    ) -> DataFrame:
         """``source FULL OUTER JOIN target`` as the target's broadcast left outer join with the source, united
         with ``unmatched``: the source rows matching no target row, with the source's columns."""
         spec = self.ctx.spec
@@ -627,8 +672,11 @@ class ClassicMergeExecutor:
         # NOT MATCHED BY SOURCE clauses touch every candidate: only a guess needs the touched files observed,
         # and only then is the file read with its rows (unused, ``_metadata`` would be read whole).
         guessed = not spec.not_matched_by_source
-        scanned = (delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files) if guessed
-                   else ctx.target_df(ctx.candidate_files, file_columns=False))
+        scanned = (
+            delta.scan_files_with_path(ctx.spark, ctx.snapshot, ctx.candidate_files)
+            if guessed
+            else ctx.target_df(ctx.candidate_files, file_columns=False)
+        )
         target = scanned.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         if not source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
             how = "right_outer" if spec.is_matched_only else "full_outer"
@@ -640,8 +688,9 @@ class ClassicMergeExecutor:
             if bitmap is not None and guessed and holds_few_target_rows(bitmap, ctx.candidate_files):
                 return self._write_in_one_pass_counting_pairs(observed_source, obs_source, target, bitmap, start)
             unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
-            joined = self._broadcast_full_outer(ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target,
-                                                unmatched, bitmap)
+            joined = self._broadcast_full_outer(
+                ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True)), target, unmatched, bitmap
+            )
         else:
             # A matched-only merge writes no source row: its pairs would have to be counted in a Spark job of
             # their own, which measured no faster than observing the target's rows as they stream past.
@@ -653,8 +702,9 @@ class ClassicMergeExecutor:
         matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
         probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
         probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)] if guessed else []
-        added, cdc_files, obs = self._write_changes(joined, (), write_id=ctx.write_id, probes=probes,
-                                                    probe_metrics=probe_metrics)
+        added, cdc_files, obs = self._write_changes(
+            joined, (), write_id=ctx.write_id, probes=probes, probe_metrics=probe_metrics
+        )
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
         source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
         # Every target row the join gave takes one target-side action. The statistics' row count (required by
@@ -664,8 +714,9 @@ class ClassicMergeExecutor:
             delta.discard_write(ctx.snapshot, ctx.write_id)
             return None
         if guessed:
-            ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files,
-                                                     obs.get.get(TOUCHED_FILE_COL) or [])
+            ctx.touched_files = delta.files_at_paths(
+                ctx.snapshot, ctx.candidate_files, obs.get.get(TOUCHED_FILE_COL) or []
+            )
         else:
             ctx.touched_files = list(ctx.candidate_files)
         ctx.touched_files_known = True
@@ -679,9 +730,9 @@ class ClassicMergeExecutor:
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
 
-    def _write_in_one_pass_counting_pairs(self, observed_source: DataFrame, obs_source: Observation,
-                                          target: DataFrame, bitmap: KeyBitmap, start: float
-                                          ) -> tuple[list[Any], list[Any]] | None:
+    def _write_in_one_pass_counting_pairs(
+        self, observed_source: DataFrame, obs_source: Observation, target: DataFrame, bitmap: KeyBitmap, start: float
+    ) -> tuple[list[Any], list[Any]] | None:
         """The single pass with nothing counted where the target's rows stream past the broadcast source: an
         observation there breaks the write's generated code in two and updates its aggregates on every row,
         the costliest part of the write after Parquet itself. The source rows meet the target rows the key
@@ -704,43 +755,60 @@ class ClassicMergeExecutor:
         preimages = preimage_names(len(tcols)) if cdc else []
 
         def output_cols(lookups: dict[int, Column]) -> list[Column]:
-            return generate_write_all_changes_output_cols(tcols, ctx.output_names, resolved.matched,
-                                                          resolved.not_matched, (), lookups, cdc=cdc)
+            return generate_write_all_changes_output_cols(
+                tcols, ctx.output_names, resolved.matched, resolved.not_matched, (), lookups, cdc=cdc
+            )
 
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         # The rewrite reads no file column: left unused, ``_metadata`` would be read whole, row index and all.
-        rewrite = bitmap.probe_keys(ctx.target_df(ctx.candidate_files, file_columns=False)
-                                    .withColumn(TARGET_ROW_PRESENT_COL, F.lit(True)))
+        rewrite = bitmap.probe_keys(
+            ctx.target_df(ctx.candidate_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        )
         rewritten, lookups = generate_precomputed_conditions_and_df(
-            rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses)
-        rewritten = rewritten.select(*output_cols(lookups),
-                                     *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)])
+            rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses
+        )
+        rewritten = rewritten.select(
+            *output_cols(lookups), *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)]
+        )
 
-        held = (bitmap.probe_keys(target).where(F.col(PROBE_KEY_COL).isNotNull())
-                .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL))))
+        held = (
+            bitmap.probe_keys(target)
+            .where(F.col(PROBE_KEY_COL).isNotNull())
+            .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL)))
+        )
         pairs, lookups = generate_precomputed_conditions_and_df(
-            observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses)
+            observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses
+        )
         # The source's own schema is known already: asking the observed frame would cost the server a round trip.
         source_names = [*(f.name for f in ctx.source.schema.fields), SOURCE_ROW_PRESENT_COL]
         acted = pairs.select(
             *[F.col(_qualified(s, n)) for n in source_names],
             # Only the action: the target's other columns stay out of the broadcast.
             output_cols(lookups)[len(ctx.output_names) + 1],
-            F.when(F.col(_qualified(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(_qualified(t, FILE_HASH_COL)))
-            .alias(TOUCHED_FILE_COL),
+            F.when(F.col(_qualified(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(_qualified(t, FILE_HASH_COL))).alias(
+                TOUCHED_FILE_COL
+            ),
         )
         obs = Observation("writeAllChanges")
         codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]
         counted = acted.observe(obs, *action_counts(codes), F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
-        unmatched = counted.where(F.col(ACTION_COL) == action(INSERT)).select(
-            *[quote_identifier(n) for n in source_names]).alias(s)
+        unmatched = (
+            counted.where(F.col(ACTION_COL) == action(INSERT))
+            .select(*[quote_identifier(n) for n in source_names])
+            .alias(s)
+        )
         unmatched, insert_lookups = generate_precomputed_conditions_and_df(unmatched, resolved.not_matched)
-        insert_cols = generate_inserts_only_output_cols(ctx.output_names, resolved.output_fields,
-                                                        resolved.not_matched, insert_lookups)
+        insert_cols = generate_inserts_only_output_cols(
+            ctx.output_names, resolved.output_fields, resolved.not_matched, insert_lookups
+        )
         if cdc:
-            insert_cols += [F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
-                            *[F.lit(None).cast(f.dataType).alias(n)
-                              for f, n in zip(resolved.output_fields, preimages, strict=True)]]
+            insert_cols += [
+                F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
+                *[
+                    F.lit(None).cast(f.dataType).alias(n)
+                    for f, n in zip(resolved.output_fields, preimages, strict=True)
+                ],
+            ]
         rows = repartition_for_write(ctx, rewritten.union(unmatched.select(*insert_cols)))
         added, cdc_files = self._write_output(rows, preimages, (), write_id=ctx.write_id)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
@@ -785,9 +853,15 @@ class ClassicMergeExecutor:
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
 
-    def _write_changes(self, joined: DataFrame, dedup_columns: Sequence[str], *, write_id: str,
-                       probes: Sequence[Column] = (), probe_metrics: Sequence[Column] = ()
-                       ) -> tuple[list[Any], list[Any], Observation]:
+    def _write_changes(
+        self,
+        joined: DataFrame,
+        dedup_columns: Sequence[str],
+        *,
+        write_id: str,
+        probes: Sequence[Column] = (),
+        probe_metrics: Sequence[Column] = (),
+    ) -> tuple[list[Any], list[Any], Observation]:
         """MergeOutputGeneration over the joined rows, written; ``probes`` are columns computed on the joined
         rows only for ``probe_metrics`` to observe."""
         ctx = self.ctx
@@ -796,11 +870,15 @@ class ClassicMergeExecutor:
         clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
         joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
         existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
-        tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing,
-                                  ctx.resolved.target_values)
+        tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing, ctx.resolved.target_values)
         output_cols = generate_write_all_changes_output_cols(
-            tcols, ctx.output_names, ctx.resolved.matched, ctx.resolved.not_matched,
-            ctx.resolved.not_matched_by_source, lookups, cdc=cdc,
+            tcols,
+            ctx.output_names,
+            ctx.resolved.matched,
+            ctx.resolved.not_matched,
+            ctx.resolved.not_matched_by_source,
+            lookups,
+            cdc=cdc,
         )
         preimages = preimage_names(len(tcols)) if cdc else []
         projected = joined.select(
@@ -813,36 +891,54 @@ class ClassicMergeExecutor:
         obs = Observation("writeAllChanges")
         # Only the actions some clause can take are counted: each count is an aggregate on every output row.
         codes = [COPY]
-        for clauses, update, delete in ((ctx.resolved.matched, MATCHED_UPDATE, MATCHED_DELETE),
-                                        (ctx.resolved.not_matched_by_source, NOT_MATCHED_BY_SOURCE_UPDATE,
-                                         NOT_MATCHED_BY_SOURCE_DELETE)):
-            codes += [c for c, present in ((update, any(not r.is_delete for r in clauses)),
-                                           (delete, any(r.is_delete for r in clauses))) if present]
+        for clauses, update, delete in (
+            (ctx.resolved.matched, MATCHED_UPDATE, MATCHED_DELETE),
+            (ctx.resolved.not_matched_by_source, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE),
+        ):
+            codes += [
+                c
+                for c, present in (
+                    (update, any(not r.is_delete for r in clauses)),
+                    (delete, any(r.is_delete for r in clauses)),
+                )
+                if present
+            ]
         if ctx.resolved.not_matched:
             codes.append(INSERT)
         observed = projected.observe(
-            obs, *action_counts(codes),
+            obs,
+            *action_counts(codes),
             *probe_metrics,
         )
         added, cdc_files = self._write_output(observed, preimages, dedup_columns, write_id=write_id)
         return added, cdc_files, obs
 
-    def _write_output(self, rows: DataFrame, preimages: Sequence[str], dedup_columns: Sequence[str], *,
-                      write_id: str) -> tuple[list[Any], list[Any]]:
+    def _write_output(
+        self, rows: DataFrame, preimages: Sequence[str], dedup_columns: Sequence[str], *, write_id: str
+    ) -> tuple[list[Any], list[Any]]:
         """The output rows written, less the dropped ones; with Change Data Feed, with their change rows."""
         ctx = self.ctx
         if not ctx.cdc_enabled:
             output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
-            return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id,
-                                          schema=output_schema(ctx)), []
+            return delta.write_data_files(
+                ctx.spark, output, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)
+            ), []
         names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
-        changes = generate_cdc_and_output_rows(
-            rows, [F.col(quote_identifier(n)) for n in names], ctx.output_names,
-            [F.col(n) for n in preimages], dedup_columns,
-        ).where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
+        changes = (
+            generate_cdc_and_output_rows(
+                rows,
+                [F.col(quote_identifier(n)) for n in names],
+                ctx.output_names,
+                [F.col(n) for n in preimages],
+                dedup_columns,
+            )
+            .where(~F.col(ROW_DROPPED_COL))
+            .drop(ROW_DROPPED_COL, ACTION_COL)
+        )
         # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
-        return delta.write_data_and_cdc_files(ctx.spark, changes, ctx.snapshot, write_id=write_id,
-                                              schema=output_schema(ctx))
+        return delta.write_data_and_cdc_files(
+            ctx.spark, changes, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)
+        )
 
     def _record_write_metrics(self, counts: dict[str, int], cdc_files: list[Any], second_scan_rows: int) -> None:
         m = self.ctx.metrics
@@ -862,8 +958,9 @@ class InsertOnlyMergeExecutor:
     def __init__(self, ctx: MergeContext) -> None:
         self.ctx = ctx
 
-    def write_only_inserts(self, *, filter_matched_rows: bool = True,
-                           source_rows_metric: str = "numSourceRows") -> list[Any]:
+    def write_only_inserts(
+        self, *, filter_matched_rows: bool = True, source_rows_metric: str = "numSourceRows"
+    ) -> list[Any]:
         """``filter_matched_rows`` is off when findTouchedFiles already showed that no source row matches."""
         ctx = self.ctx
         spec = ctx.spec
@@ -873,8 +970,9 @@ class InsertOnlyMergeExecutor:
         if ctx.candidate_files and filter_matched_rows:
             target = ctx.target_df(ctx.candidate_files, file_columns=False)
             if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
-                new_rows = unmatched_source_rows(ctx, source, ctx.candidate_files,
-                                                 key_bitmap(ctx, ctx.source_rows_estimate), probe=ctx.source)
+                new_rows = unmatched_source_rows(
+                    ctx, source, ctx.candidate_files, key_bitmap(ctx, ctx.source_rows_estimate), probe=ctx.source
+                )
             else:
                 new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
         else:
@@ -887,8 +985,9 @@ class InsertOnlyMergeExecutor:
         projected = repartition_for_write(ctx, new_rows.select(*output_cols))
         projected = projected.observe(obs, *action_counts([INSERT, DROP_SOURCE]))
         output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-        added = delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=ctx.write_id,
-                                       schema=output_schema(ctx))
+        added = delta.write_data_files(
+            ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx)
+        )
         ctx.metrics["numTargetRowsInserted"] = observed_counts(obs).get(INSERT, 0)
         ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)

@@ -20,14 +20,34 @@ from engine.spec import InsertAction, MergeClause, MergeSpec, UpdateAction
 DIALECT = "spark"
 
 FORBIDDEN_FUNCTIONS = frozenset(
-    {"reflect", "java_method", "try_reflect", "input_file_name", "input_file_block_start",
-     "input_file_block_length", "spark_partition_id", "current_user", "session_user", "user"}
+    {
+        "reflect",
+        "java_method",
+        "try_reflect",
+        "input_file_name",
+        "input_file_block_start",
+        "input_file_block_length",
+        "spark_partition_id",
+        "current_user",
+        "session_user",
+        "user",
+    }
 )
 """Functions that reach outside the data (JVM reflection) or depend on how Spark happens to run the merge."""
 
 NONDETERMINISTIC_FUNCTIONS = frozenset(
-    {"rand", "random", "randn", "uuid", "shuffle", "monotonically_increasing_id", "rand_str", "randstr",
-     "uniform", "try_aes_decrypt"}
+    {
+        "rand",
+        "random",
+        "randn",
+        "uuid",
+        "shuffle",
+        "monotonically_increasing_id",
+        "rand_str",
+        "randstr",
+        "uniform",
+        "try_aes_decrypt",
+    }
 )
 
 
@@ -46,9 +66,7 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     if len(parsed) != 1 or parsed[0] is None:
         raise MergeSpecError(f"{where}: expected one expression, got {text!r}.")
     node = parsed[0]
-    if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(
-        node, exp.Expression
-    ):
+    if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(node, exp.Expression):
         raise MergeSpecError(f"{where}: {text!r} is not an expression.")
     return node
 
@@ -67,14 +85,14 @@ def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -
     for sub in node.walk():
         # ``exists(array, x -> ...)`` is a higher-order function, not EXISTS (subquery).
         if isinstance(sub, (exp.Subquery, exp.Query)) or (
-                isinstance(sub, exp.Exists) and isinstance(sub.this, (exp.Subquery, exp.Query))):
+            isinstance(sub, exp.Exists) and isinstance(sub.this, (exp.Subquery, exp.Query))
+        ):
             raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.")
         if isinstance(sub, exp.Window):
             raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.")
         if isinstance(sub, exp.AggFunc):
             raise MergeSpecError(
-                f"{where}: aggregate functions are not supported in a MERGE expression "
-                f"({sub.sql(dialect=DIALECT)})."
+                f"{where}: aggregate functions are not supported in a MERGE expression ({sub.sql(dialect=DIALECT)})."
             )
         name = function_name(sub)
         if name in FORBIDDEN_FUNCTIONS:
@@ -86,13 +104,18 @@ def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -
 
 
 def clause_where(clause: MergeClause, index: int) -> str:
-    group = {"matched": "when_matched", "notMatched": "when_not_matched",
-             "notMatchedBySource": "when_not_matched_by_source"}[clause.clause_type]
+    group = {
+        "matched": "when_matched",
+        "notMatched": "when_not_matched",
+        "notMatchedBySource": "when_not_matched_by_source",
+    }[clause.clause_type]
     return f"{group}[{index}]"
 
 
-CLAUSE_SCOPES = {"notMatched": ("WHEN NOT MATCHED", "source"),
-                 "notMatchedBySource": ("WHEN NOT MATCHED BY SOURCE", "target")}
+CLAUSE_SCOPES = {
+    "notMatched": ("WHEN NOT MATCHED", "source"),
+    "notMatchedBySource": ("WHEN NOT MATCHED BY SOURCE", "target"),
+}
 """The clauses that see one side only, as Delta names them, and the side they see."""
 
 
@@ -137,10 +160,12 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
                 for column, value in assignments.items():
                     path = column_path(column, spec.target_alias)
                     if len(path) > 1 and isinstance(action, InsertAction):
-                        raise MergeSpecError(f"{where}.{field}: Nested field is not supported in the INSERT clause "
-                                             f"of MERGE operation (field = {column}).")
+                        raise MergeSpecError(
+                            f"{where}.{field}: Nested field is not supported in the INSERT clause "
+                            f"of MERGE operation (field = {column})."
+                        )
                     # A column and a field inside it, or one field twice, would each set the same value.
-                    other = next((c for p, c in seen.items() if p[:len(path)] == path or path[:len(p)] == p), None)
+                    other = next((c for p, c in seen.items() if p[: len(path)] == path or path[: len(p)] == p), None)
                     if other is not None:
                         kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
                         raise MergeSpecError(
@@ -239,11 +264,7 @@ def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expression]]:
         if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
             continue
         for left, right in ((conjunct.left, conjunct.right), (conjunct.right, conjunct.left)):
-            if (
-                isinstance(left, exp.Column)
-                and sides.side(left) == "target"
-                and sides.sides_of(right) == {"source"}
-            ):
+            if isinstance(left, exp.Column) and sides.side(left) == "target" and sides.sides_of(right) == {"source"}:
                 keys.append((str(left.name), right))
                 break
     return keys

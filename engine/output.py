@@ -42,9 +42,20 @@ NOT_MATCHED_BY_SOURCE_DELETE = "notMatchedBySourceDelete"
 INSERT = "insert"
 COPY = "copy"
 DROP_SOURCE = "dropSource"
-_ACTION_CODES = {name: i for i, name in enumerate(
-    (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE, INSERT, COPY,
-     DROP_SOURCE))}
+_ACTION_CODES = {
+    name: i
+    for i, name in enumerate(
+        (
+            MATCHED_UPDATE,
+            MATCHED_DELETE,
+            NOT_MATCHED_BY_SOURCE_UPDATE,
+            NOT_MATCHED_BY_SOURCE_DELETE,
+            INSERT,
+            COPY,
+            DROP_SOURCE,
+        )
+    )
+}
 
 
 def action(name: str) -> Column:
@@ -83,8 +94,9 @@ def generate_precomputed_conditions_and_df(
     return df.select("*", *columns), lookups
 
 
-def target_write_cols(fields: Sequence[StructField], target_alias: str, existing: set[str],
-                      converted: Mapping[str, str] | None = None) -> list[Column]:
+def target_write_cols(
+    fields: Sequence[StructField], target_alias: str, existing: set[str], converted: Mapping[str, str] | None = None
+) -> list[Column]:
     """The target row as it is (new columns from schema evolution are NULL for existing rows; ``converted``
     holds the SQL of the columns whose struct type gained fields)."""
     cols = []
@@ -99,7 +111,10 @@ def target_write_cols(fields: Sequence[StructField], target_alias: str, existing
 
 
 def generate_all_action_exprs(
-    target_cols: Sequence[Column], clauses: Sequence[ResolvedClause], lookups: dict[int, Column], *,
+    target_cols: Sequence[Column],
+    clauses: Sequence[ResolvedClause],
+    lookups: dict[int, Column],
+    *,
     cdc: bool = False,
 ) -> list[ProcessedClause]:
     processed = []
@@ -111,8 +126,11 @@ def generate_all_action_exprs(
             change = CDC_TYPE_DELETE
         else:
             assert clause.values is not None
-            code = {"matched": MATCHED_UPDATE, "notMatchedBySource": NOT_MATCHED_BY_SOURCE_UPDATE,
-                    "notMatched": INSERT}[ctype]
+            code = {
+                "matched": MATCHED_UPDATE,
+                "notMatchedBySource": NOT_MATCHED_BY_SOURCE_UPDATE,
+                "notMatched": INSERT,
+            }[ctype]
             actions = [*clause.values, F.lit(False), action(code)]
             change = CDC_TYPE_INSERT if ctype == "notMatched" else CDC_TYPE_UPDATE_POSTIMAGE
         if cdc:
@@ -157,16 +175,21 @@ def generate_write_all_changes_output_cols(
     noop_copy = noop_copy_exprs(target_cols, cdc=cdc)
     delete_source_row = [*target_cols, F.lit(True), action(DROP_SOURCE), *([cdc_not_cdc()] if cdc else [])]
     matched_exprs = generate_clause_output_exprs(
-        n, generate_all_action_exprs(target_cols, matched, lookups, cdc=cdc), noop_copy)
+        n, generate_all_action_exprs(target_cols, matched, lookups, cdc=cdc), noop_copy
+    )
     not_matched_exprs = generate_clause_output_exprs(
-        n, generate_all_action_exprs(target_cols, not_matched, lookups, cdc=cdc), delete_source_row)
+        n, generate_all_action_exprs(target_cols, not_matched, lookups, cdc=cdc), delete_source_row
+    )
     nmbs_exprs = generate_clause_output_exprs(
-        n, generate_all_action_exprs(target_cols, not_matched_by_source, lookups, cdc=cdc), noop_copy)
+        n, generate_all_action_exprs(target_cols, not_matched_by_source, lookups, cdc=cdc), noop_copy
+    )
     if_source_row_null = F.col(SOURCE_ROW_PRESENT_COL).isNull()
     if_target_row_null = F.col(TARGET_ROW_PRESENT_COL).isNull()
     return [
-        F.when(if_source_row_null, nmbs_exprs[i]).when(if_target_row_null, not_matched_exprs[i])
-        .otherwise(matched_exprs[i]).alias(name)
+        F.when(if_source_row_null, nmbs_exprs[i])
+        .when(if_target_row_null, not_matched_exprs[i])
+        .otherwise(matched_exprs[i])
+        .alias(name)
         for i, name in enumerate(names)
     ]
 
@@ -214,8 +237,10 @@ def generate_cdc_and_output_rows(
     cdc_type = F.col(CDC_TYPE_COL)
     kinds = (
         F.when(cdc_type.eqNullSafe(CDC_TYPE_INSERT), F.array(F.lit(_DATA_ROW), F.lit(_CHANGE_ROW)))
-        .when(cdc_type.eqNullSafe(CDC_TYPE_UPDATE_POSTIMAGE),
-              F.array(F.lit(_DATA_ROW), F.lit(_CHANGE_ROW), F.lit(_PREIMAGE_ROW)))
+        .when(
+            cdc_type.eqNullSafe(CDC_TYPE_UPDATE_POSTIMAGE),
+            F.array(F.lit(_DATA_ROW), F.lit(_CHANGE_ROW), F.lit(_PREIMAGE_ROW)),
+        )
         .when(cdc_type.eqNullSafe(CDC_TYPE_DELETE), F.array(F.lit(_CHANGE_ROW)))
         .otherwise(F.array(F.lit(_DATA_ROW)))
     )
@@ -224,16 +249,20 @@ def generate_cdc_and_output_rows(
     preimage = kind == F.lit(_PREIMAGE_ROW)
     dropped = F.col(ROW_DROPPED_COL)
     rows = exploded.select(
-        *[F.when(preimage, F.col(p)).otherwise(F.col(quote_identifier(n))).alias(n)
-          for n, p in zip(output_names, preimages, strict=True)],
+        *[
+            F.when(preimage, F.col(p)).otherwise(F.col(quote_identifier(n))).alias(n)
+            for n, p in zip(output_names, preimages, strict=True)
+        ],
         # A delete's change row is kept: the deleted row is dropped from the data only.
         F.when(preimage, F.lit(False))
         .when((kind == F.lit(_CHANGE_ROW)) & cdc_type.eqNullSafe(CDC_TYPE_DELETE), ~dropped)
-        .otherwise(dropped).alias(ROW_DROPPED_COL),
+        .otherwise(dropped)
+        .alias(ROW_DROPPED_COL),
         F.when(preimage, action(COPY)).otherwise(F.col(ACTION_COL)).alias(ACTION_COL),
         F.when(kind == F.lit(_DATA_ROW), cdc_not_cdc())
         .when(preimage, F.lit(CDC_TYPE_UPDATE_PREIMAGE))
-        .otherwise(cdc_type).alias(CDC_TYPE_COL),
+        .otherwise(cdc_type)
+        .alias(CDC_TYPE_COL),
         *dedup,
     )
     if not dedup_columns:
@@ -245,8 +274,7 @@ def deduplicate_cdf_deletes(df: DataFrame, dedup_columns: Sequence[str]) -> Data
     """With the delete-only multiple-match exemption, a target row matched twice yields one delete row.
     Inserted rows carry their source row index instead; the two index ranges are disjoint (even / odd)."""
     if SOURCE_ROW_INDEX_COL in dedup_columns:
-        df = df.withColumn(TARGET_ROW_INDEX_COL,
-                           F.coalesce(F.col(TARGET_ROW_INDEX_COL), F.col(SOURCE_ROW_INDEX_COL)))
+        df = df.withColumn(TARGET_ROW_INDEX_COL, F.coalesce(F.col(TARGET_ROW_INDEX_COL), F.col(SOURCE_ROW_INDEX_COL)))
     # Only change rows are de-duplicated: data rows are distinct rows by construction.
     key = F.when(F.col(CDC_TYPE_COL).isNull(), F.monotonically_increasing_id()).otherwise(F.lit(None))
     return (
@@ -257,7 +285,9 @@ def deduplicate_cdf_deletes(df: DataFrame, dedup_columns: Sequence[str]) -> Data
 
 
 def generate_inserts_only_output_cols(
-    output_names: Sequence[str], output_fields: Sequence[StructField], not_matched: Sequence[ResolvedClause],
+    output_names: Sequence[str],
+    output_fields: Sequence[StructField],
+    not_matched: Sequence[ResolvedClause],
     lookups: dict[int, Column],
 ) -> list[Column]:
     """InsertOnlyMergeExecutor's output: the first insert clause that holds, else the row is dropped."""

@@ -131,15 +131,17 @@ def needs_struct_by_name(source: DataType, target: DataType) -> bool:
     if isinstance(source, StructType) and isinstance(target, StructType):
         if _field_names(source) != _field_names(target):
             return True
-        return any(needs_struct_by_name(a.dataType, b.dataType)
-                   for a, b in zip(source.fields, target.fields, strict=True))
+        return any(
+            needs_struct_by_name(a.dataType, b.dataType) for a, b in zip(source.fields, target.fields, strict=True)
+        )
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
         return needs_struct_by_name(source.elementType, target.elementType)
     return False
 
 
-def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missing: bool, where: str,
-                   depth: int = 0) -> str:
+def struct_by_name(
+    text: str, source: DataType, target: DataType, *, allow_missing: bool, where: str, depth: int = 0
+) -> str:
     """SQL that stores ``text`` (of type ``source``) into ``target`` pairing struct fields by name, as Delta's
     MERGE does (resolveMergeUpdateStructsByName): every source field must exist in the target, and a target
     field the source lacks is NULL only under schema evolution. Leaves keep ANSI store assignment."""
@@ -155,20 +157,29 @@ def struct_by_name(text: str, source: DataType, target: DataType, *, allow_missi
         parts = []
         for f in target.fields:
             sf = by_name.get(f.name.lower())
-            value = "NULL" if sf is None else struct_by_name(
-                f"({text}).{quote_identifier(sf.name)}", sf.dataType, f.dataType, allow_missing=allow_missing,
-                where=where, depth=depth + 1)
+            value = (
+                "NULL"
+                if sf is None
+                else struct_by_name(
+                    f"({text}).{quote_identifier(sf.name)}",
+                    sf.dataType,
+                    f.dataType,
+                    allow_missing=allow_missing,
+                    where=where,
+                    depth=depth + 1,
+                )
+            )
             parts.append(f"{sql_string(f.name)}, CAST({value} AS {sql_type(f.dataType)})")
         return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
     if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
         element = f"_element_{depth}_"
-        inner = struct_by_name(element, source.elementType, target.elementType, allow_missing=allow_missing,
-                               where=where, depth=depth + 1)
+        inner = struct_by_name(
+            element, source.elementType, target.elementType, allow_missing=allow_missing, where=where, depth=depth + 1
+        )
         return f"transform({text}, {element} -> {inner})"
     if source != target and not can_ansi_cast(source, target):
         raise MergeResolutionError(
-            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store "
-            "assignment."
+            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment."
         )
     return text
 
@@ -327,15 +338,22 @@ class Resolver:
                 fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)
                 column = f"{quote_identifier(self.t)}.{quote_identifier(existing.name)}"
                 target_values[existing.name.lower()] = struct_by_name(
-                    column, existing.dataType, merged, allow_missing=True, where=f"column {existing.name}")
+                    column, existing.dataType, merged, allow_missing=True, where=f"column {existing.name}"
+                )
             target_type = fields[index].dataType
             if needs_struct_by_name(f.dataType, target_type):
                 try:
-                    struct_by_name(quote_identifier(f.name), f.dataType, target_type, allow_missing=True,
-                                   where=f"column {existing.name}")
+                    struct_by_name(
+                        quote_identifier(f.name),
+                        f.dataType,
+                        target_type,
+                        allow_missing=True,
+                        where=f"column {existing.name}",
+                    )
                 except MergeResolutionError as exc:
-                    raise SchemaMismatchError(f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}"
-                                              ) from None
+                    raise SchemaMismatchError(
+                        f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}"
+                    ) from None
             elif target_type != f.dataType and not can_ansi_store_assign(f.dataType, target_type):
                 raise SchemaMismatchError(
                     f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
@@ -352,16 +370,25 @@ class Resolver:
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
             raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
-        resolved = ResolvedMerge(on=F.expr(spec.on), on_sql=spec.on, output_fields=out_fields,
-                                 new_columns=new_columns, target_values=target_values)
-        for group, target_list in ((spec.matched, resolved.matched), (spec.not_matched, resolved.not_matched),
-                                   (spec.not_matched_by_source, resolved.not_matched_by_source)):
+        resolved = ResolvedMerge(
+            on=F.expr(spec.on),
+            on_sql=spec.on,
+            output_fields=out_fields,
+            new_columns=new_columns,
+            target_values=target_values,
+        )
+        for group, target_list in (
+            (spec.matched, resolved.matched),
+            (spec.not_matched, resolved.not_matched),
+            (spec.not_matched_by_source, resolved.not_matched_by_source),
+        ):
             for index, clause in enumerate(group):
                 target_list.append(self._resolve_clause(clause, index, out_fields, new_columns))
         return resolved
 
-    def _resolve_clause(self, clause: MergeClause, index: int, out_fields: list[StructField],
-                        new_columns: list[str]) -> ResolvedClause:
+    def _resolve_clause(
+        self, clause: MergeClause, index: int, out_fields: list[StructField], new_columns: list[str]
+    ) -> ResolvedClause:
         where = clause_where(clause, index)
         ctype = clause.clause_type
         items: list[tuple[str, str]] = []
@@ -373,8 +400,11 @@ class Resolver:
         values: list[tuple[str, bool]] | None = None
         action = clause.action
         new_lower = {n.lower() for n in new_columns}
-        generated = {f.name.lower(): str(f.metadata[GENERATION_KEY]) for f in out_fields
-                     if f.metadata and f.metadata.get(GENERATION_KEY) is not None}
+        generated = {
+            f.name.lower(): str(f.metadata[GENERATION_KEY])
+            for f in out_fields
+            if f.metadata and f.metadata.get(GENERATION_KEY) is not None
+        }
         if isinstance(action, (UpdateAction, InsertAction)):
             is_update = isinstance(action, UpdateAction)
             kind, field_name = ("UPDATE SET", "set") if is_update else ("INSERT", "values")
@@ -420,8 +450,10 @@ class Resolver:
             # (the write then checks any value given against the expression).
             for i, f in enumerate(out_fields):
                 if f.name.lower() in generated and f.name.lower() not in given:
-                    values[i] = (self._generated_sql(generated[f.name.lower()], out_fields, values,
-                                                     f"{where} column {f.name}"), True)
+                    values[i] = (
+                        self._generated_sql(generated[f.name.lower()], out_fields, values, f"{where} column {f.name}"),
+                        True,
+                    )
         value_offset = len(items)
         if values is not None:
             items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
@@ -438,14 +470,24 @@ class Resolver:
             columns = []
             for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
                 # A kept target value (unchecked) misses only the fields schema evolution added.
-                columns.append(F.expr(self._stored(text, vtype, f.dataType, where, f"column {f.name}",
-                                                   allow_missing=self.spec.schema_evolution or not check,
-                                                   check=check)))
-        return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql,
-                              values=columns)
+                columns.append(
+                    F.expr(
+                        self._stored(
+                            text,
+                            vtype,
+                            f.dataType,
+                            where,
+                            f"column {f.name}",
+                            allow_missing=self.spec.schema_evolution or not check,
+                            check=check,
+                        )
+                    )
+                )
+        return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
 
-    def _generated_sql(self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]],
-                       where: str) -> str:
+    def _generated_sql(
+        self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]], where: str
+    ) -> str:
         """A generated column's expression over the values a clause gives the row's other columns."""
         by_name = {f.name.lower(): (f, text) for f, (text, _) in zip(out_fields, values, strict=True)}
 
@@ -457,8 +499,9 @@ class Resolver:
 
         return sql(parse_expression(expression, where).transform(visit))
 
-    def _assignments(self, action: UpdateAction | InsertAction, where: str,
-                     out_fields: list[StructField]) -> dict[str, Any]:
+    def _assignments(
+        self, action: UpdateAction | InsertAction, where: str, out_fields: list[StructField]
+    ) -> dict[str, Any]:
         """The assigned value of each column (lower-case name): its SQL, or for assignments to fields inside a
         struct column, the tree of assigned fields (nested dicts by lower-case field name, SQL at the leaves)."""
         fields = {f.name.lower(): f for f in out_fields}
@@ -495,8 +538,17 @@ class Resolver:
                     node = node.setdefault(part, {})
         return result
 
-    def _stored(self, text: str, vtype: DataType, target: DataType, where: str, what: str, *,
-                allow_missing: bool, check: bool = True) -> str:
+    def _stored(
+        self,
+        text: str,
+        vtype: DataType,
+        target: DataType,
+        where: str,
+        what: str,
+        *,
+        allow_missing: bool,
+        check: bool = True,
+    ) -> str:
         """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
         rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off)."""
         if needs_struct_by_name(vtype, target):
@@ -538,16 +590,18 @@ class Resolver:
                     value = build(kept, f.dataType, sub)  # type: ignore[arg-type]
                 elif sub is not None:
                     leaf_where, text = next(texts)
-                    value = self._stored(text, next(types), f.dataType, leaf_where, "the field",
-                                         allow_missing=self.spec.schema_evolution)
+                    value = self._stored(
+                        text, next(types), f.dataType, leaf_where, "the field", allow_missing=self.spec.schema_evolution
+                    )
                 else:
                     value = kept
                 parts.append(f"{sql_string(f.name)}, {value}")
             return f"named_struct({', '.join(parts)})"
 
         # A column whose type schema evolution widened is read in the wider type.
-        base = self.target_values.get(column.name.lower(),
-                                      f"{quote_identifier(self.t)}.{quote_identifier(column.name)}")
+        base = self.target_values.get(
+            column.name.lower(), f"{quote_identifier(self.t)}.{quote_identifier(column.name)}"
+        )
         return build(base, column.dataType, tree)
 
 

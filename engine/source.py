@@ -94,8 +94,10 @@ def parse_schema(ddl: str) -> pa.Schema:
         kind = column.args.get("kind") if isinstance(column, exp.ColumnDef) else None
         if kind is None:
             raise SourceError(f"schema: {column.sql()!r} needs a name and a type.")
-        not_null = any(isinstance(c.kind, exp.NotNullColumnConstraint) and not c.kind.args.get("allow_null")
-                       for c in column.args.get("constraints") or [])
+        not_null = any(
+            isinstance(c.kind, exp.NotNullColumnConstraint) and not c.kind.args.get("allow_null")
+            for c in column.args.get("constraints") or []
+        )
         fields.append(pa.field(column.name, _arrow_type(kind, column.name), nullable=not not_null))
     names = [f.name.lower() for f in fields]
     if len(set(names)) != len(names):
@@ -133,12 +135,15 @@ def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
     if pa.types.is_integer(dtype):
         return lambda v: _integer(v, dtype.bit_width)
     if pa.types.is_floating(dtype):
+
         def to_float(v: Any) -> float:
             if isinstance(v, bool):
                 raise ValueError("expected a number, got a boolean")
             return float(v)
+
         return to_float
     if pa.types.is_decimal(dtype):
+
         def to_decimal(v: Any) -> decimal.Decimal:
             if isinstance(v, bool):
                 raise ValueError("expected a decimal, got a boolean")
@@ -148,20 +153,25 @@ def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
             if len(rounded.as_tuple().digits) - max(0, -rounded.as_tuple().exponent) > dtype.precision - dtype.scale:
                 raise ValueError(f"{v} does not fit DECIMAL({dtype.precision},{dtype.scale})")
             return rounded
+
         return to_decimal
     if pa.types.is_boolean(dtype):
+
         def to_bool(v: Any) -> bool:
             if isinstance(v, bool):
                 return v
             if isinstance(v, str) and v.lower() in ("true", "false"):
                 return v.lower() == "true"
             raise ValueError("expected true or false")
+
         return to_bool
     if pa.types.is_string(dtype):
+
         def to_str(v: Any) -> str:
             if isinstance(v, (dict, list)):
                 raise ValueError("expected a string")
             return v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
         return to_str
     if pa.types.is_timestamp(dtype):
         return lambda v: _parse_timestamp(v, dtype.tz is not None)
@@ -171,12 +181,16 @@ def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
         return lambda v: base64.b64decode(v, validate=True) if isinstance(v, str) else _fail("expected base64")
     if pa.types.is_list(dtype):
         inner = _converter(dtype.value_type)
-        return lambda v: [None if x is None else inner(x) for x in v] if isinstance(v, list) else _fail(
-            "expected a JSON array")
+        return lambda v: (
+            [None if x is None else inner(x) for x in v] if isinstance(v, list) else _fail("expected a JSON array")
+        )
     if pa.types.is_map(dtype):
         key, item = _converter(dtype.key_type), _converter(dtype.item_type)
-        return lambda v: [(key(k), None if x is None else item(x)) for k, x in v.items()] if isinstance(
-            v, dict) else _fail("expected a JSON object")
+        return lambda v: (
+            [(key(k), None if x is None else item(x)) for k, x in v.items()]
+            if isinstance(v, dict)
+            else _fail("expected a JSON object")
+        )
     if pa.types.is_struct(dtype):
         fields = {dtype.field(i).name: _converter(dtype.field(i).type) for i in range(dtype.num_fields)}
 
@@ -187,6 +201,7 @@ def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
             if unknown:
                 raise ValueError(f"unknown struct fields {sorted(unknown)}")
             return {k: None if v.get(k) is None else conv(v[k]) for k, conv in fields.items()}
+
         return to_struct
     return lambda v: v
 
@@ -231,8 +246,7 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
             value = values.get(name)
             if value is None:
                 if not by_name[name.lower()].nullable:
-                    raise SourceRowError(f"rows[{index}].{name}: NULL in a NOT NULL column.", row=index,
-                                         column=name)
+                    raise SourceRowError(f"rows[{index}].{name}: NULL in a NOT NULL column.", row=index, column=name)
                 columns[name].append(None)
                 continue
             try:
@@ -240,7 +254,8 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
             except (ValueError, TypeError, ArithmeticError, decimal.InvalidOperation) as exc:
                 raise SourceRowError(
                     f"rows[{index}].{name}: {value!r} does not convert to {by_name[name.lower()].type}: {exc}",
-                    row=index, column=name,
+                    row=index,
+                    column=name,
                 ) from None
     try:
         return pa.table(columns, schema=arrow_schema)

@@ -41,8 +41,7 @@ SESSION_CONF: Mapping[str, str] = {
     "spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
     # An adaptive plan that finds a stage empty replaces it, and any DataFrame.observe inside it stops reporting:
     # the merge's metrics come from observations.
-    "spark.sql.adaptive.optimizer.excludedRules":
-        "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
+    "spark.sql.adaptive.optimizer.excludedRules": "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
 }
 
 SERVER_CONF: Mapping[str, str] = {
@@ -105,8 +104,15 @@ class SparkProcess:
             return ""
 
 
-def _spawn(args: list[str], *, name: str, port: int, log_dir: Path, env: Mapping[str, str] | None = None,
-           ready_timeout: float = 120.0) -> SparkProcess:
+def _spawn(
+    args: list[str],
+    *,
+    name: str,
+    port: int,
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 120.0,
+) -> SparkProcess:
     require_java()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
@@ -138,37 +144,78 @@ def _spawn(args: list[str], *, name: str, port: int, log_dir: Path, env: Mapping
     raise SparkUnavailableError(f"{name} did not listen on port {port} within {ready_timeout:.0f}s")
 
 
-def start_connect_server(*, master: str = "local[2]", port: int | None = None, conf: Mapping[str, str] | None = None,
-                         log_dir: Path | None = None) -> SparkProcess:
+def start_connect_server(
+    *,
+    master: str = "local[2]",
+    port: int | None = None,
+    conf: Mapping[str, str] | None = None,
+    log_dir: Path | None = None,
+) -> SparkProcess:
     """A Spark Connect server process from the pyspark wheel; ``sc://127.0.0.1:<port>`` reaches it."""
     port = port or free_port()
     settings = {**SERVER_CONF, "spark.connect.grpc.binding.port": str(port), **(conf or {})}
-    args = [str(spark_home() / "bin" / "spark-submit"), "--class",
-            "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "merge-service Spark Connect",
-            "--master", master]
+    args = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--name",
+        "merge-service Spark Connect",
+        "--master",
+        master,
+    ]
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
     args.append("spark-internal")
-    return _spawn(args, name="spark-connect", port=port,
-                  log_dir=log_dir or Path(tempfile.gettempdir()) / "merge-service-spark")
+    return _spawn(
+        args, name="spark-connect", port=port, log_dir=log_dir or Path(tempfile.gettempdir()) / "merge-service-spark"
+    )
 
 
-def start_standalone_cluster(*, cores: int = 2, memory: str = "4g",
-                             log_dir: Path | None = None) -> tuple[SparkProcess, SparkProcess]:
+def start_standalone_cluster(
+    *, cores: int = 2, memory: str = "4g", log_dir: Path | None = None
+) -> tuple[SparkProcess, SparkProcess]:
     """A real standalone master and one worker; tasks then run in a separate executor JVM, whose logs land in
     ``<log_dir>/work/app-*``."""
     log_dir = log_dir or Path(tempfile.gettempdir()) / "merge-service-spark"
     spark_class = str(spark_home() / "bin" / "spark-class")
     master_port = free_port()
-    master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                     str(master_port), "--webui-port", str(free_port())],
-                    name="spark-master", port=master_port, log_dir=log_dir)
+    master = _spawn(
+        [
+            spark_class,
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(master_port),
+            "--webui-port",
+            str(free_port()),
+        ],
+        name="spark-master",
+        port=master_port,
+        log_dir=log_dir,
+    )
     worker_port = free_port()
-    worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port",
-                     str(worker_port), "--webui-port", str(free_port()), "--cores", str(cores), "--memory", memory,
-                     f"spark://127.0.0.1:{master_port}"],
-                    name="spark-worker", port=worker_port, log_dir=log_dir,
-                    env={"SPARK_WORKER_DIR": str(log_dir / "work")})
+    worker = _spawn(
+        [
+            spark_class,
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(worker_port),
+            "--webui-port",
+            str(free_port()),
+            "--cores",
+            str(cores),
+            "--memory",
+            memory,
+            f"spark://127.0.0.1:{master_port}",
+        ],
+        name="spark-worker",
+        port=worker_port,
+        log_dir=log_dir,
+        env={"SPARK_WORKER_DIR": str(log_dir / "work")},
+    )
     return master, worker
 
 

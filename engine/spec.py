@@ -157,9 +157,7 @@ class MergeSpec:
             if clause.condition is not None and not clause.condition.strip():
                 raise MergeSpecError(f"Empty condition in {clause.describe()}.")
         if self.target_alias.lower() == self.source_alias.lower():
-            raise MergeSpecError(
-                f"The target and source aliases must differ (both are {self.target_alias!r})."
-            )
+            raise MergeSpecError(f"The target and source aliases must differ (both are {self.target_alias!r}).")
         if not self.on.strip():
             raise MergeSpecError("The merge condition (ON) is empty.")
         return self

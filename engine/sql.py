@@ -140,7 +140,8 @@ def _requalify(node: exp.Expression, qualifiers: dict[tuple[str, ...], str]) -> 
 
 
 _WITH_SCHEMA_EVOLUTION = re.compile(
-    r"^((?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE | re.DOTALL)
+    r"^((?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*MERGE)\s+WITH\s+SCHEMA\s+EVOLUTION(\s+INTO\b)", re.IGNORECASE | re.DOTALL
+)
 """The clause sqlglot does not read, after any leading whitespace and comments."""
 
 
@@ -171,8 +172,9 @@ def parse_merge_sql(text: str) -> MergeSpec:
     target_alias, source_alias = _alias(target, "target"), _alias(using, "source")
     source_names, target_names = _qualifiers(using, source_alias), _qualifiers(target, target_alias)
     # A table merged into itself without aliases leaves its name ambiguous, as Spark finds it.
-    qualifiers = {k: v for k, v in {**source_names, **target_names}.items()
-                  if not (k in source_names and k in target_names)}
+    qualifiers = {
+        k: v for k, v in {**source_names, **target_names}.items() if not (k in source_names and k in target_names)
+    }
     whens = merge.args.get("whens")
     for node in (on, whens):
         if node is not None:

@@ -53,8 +53,13 @@ def _serve_http(app: Any, host: str, port: int, settings: Settings, processes: i
     from uvicorn.supervisors import Multiprocess
 
     # log_config=None: uvicorn's loggers propagate to the root handler that ``configure_logging`` installed.
-    options: dict[str, Any] = {"host": host, "port": port, "log_level": settings.log_level.lower(),
-                               "access_log": settings.access_log, "log_config": None}
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level.lower(),
+        "access_log": settings.access_log,
+        "log_config": None,
+    }
     if processes <= 1:
         uvicorn.Server(uvicorn.Config(app, **options)).run()
         return
@@ -78,8 +83,9 @@ def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, c
     return [Worker(settings, manager=manager, metrics=metrics) for _ in range(count)]
 
 
-def cmd_serve(settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True,
-              api_processes: int = 1) -> int:
+def cmd_serve(
+    settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True, api_processes: int = 1
+) -> int:
     """With several API processes, the merge workers run in this process, which supervises the API processes;
     their /readyz then answers for the job database only."""
     from service.app import create_app
@@ -129,11 +135,13 @@ def cmd_demo(settings: Settings, url: str) -> int:
         print(f"The demo table exists: {table} (version {DeltaTable(str(table)).version()})")
     else:
         table.mkdir(parents=True, exist_ok=True)
-        data = pa.table({
-            "id": pa.array([1, 2, 3], pa.int64()),
-            "name": ["Ada", "Grace", "Edsger"],
-            "city": ["London", "Arlington", "Nuenen"],
-        })
+        data = pa.table(
+            {
+                "id": pa.array([1, 2, 3], pa.int64()),
+                "name": ["Ada", "Grace", "Edsger"],
+                "city": ["London", "Arlington", "Nuenen"],
+            }
+        )
         write_deltalake(str(table), data)
         print(f"Created the Delta table {table} with 3 rows (version 0).")
     body = {
@@ -173,9 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=port)
         if name != "worker":
-            p.add_argument("--api-processes", type=int, default=None, metavar="N",
-                           help="API server processes (default: MERGE_SERVICE_API_PROCESSES, else 1 for serve "
-                                "and one per CPU, at most 4, for api)")
+            p.add_argument(
+                "--api-processes",
+                type=int,
+                default=None,
+                metavar="N",
+                help="API server processes (default: MERGE_SERVICE_API_PROCESSES, else 1 for serve "
+                "and one per CPU, at most 4, for api)",
+            )
     sub.add_parser("migrate", help="bring the job database's schema up to date")
     demo = sub.add_parser("demo", help="create a small Delta table and print a merge to try")
     demo.add_argument("--url", default="http://127.0.0.1:8000")
@@ -192,8 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "migrate":
             return cmd_migrate(settings)
         if args.command in ("serve", "api"):
-            processes = next(n for n in (args.api_processes, settings.api_processes,
-                                         default_api_processes(args.command, settings.database_url)) if n is not None)
+            processes = next(
+                n
+                for n in (
+                    args.api_processes,
+                    settings.api_processes,
+                    default_api_processes(args.command, settings.database_url),
+                )
+                if n is not None
+            )
             if processes < 1:
                 raise SystemExit("merge-service: --api-processes must be at least 1")
             if args.command == "serve":

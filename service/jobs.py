@@ -28,9 +28,7 @@ class Phase(StrEnum):
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
-ENGINE_PHASES = frozenset(
-    {Phase.PREPARING_SOURCE, Phase.FINDING_TOUCHED_FILES, Phase.WRITING, Phase.COMMITTING}
-)
+ENGINE_PHASES = frozenset({Phase.PREPARING_SOURCE, Phase.FINDING_TOUCHED_FILES, Phase.WRITING, Phase.COMMITTING})
 
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),

@@ -66,12 +66,18 @@ def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     handler = _StderrHandler()
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, _access_fields,
-                           structlog.processors.format_exc_info],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-        pass_foreign_args=True,
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                _access_fields,
+                structlog.processors.format_exc_info,
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            pass_foreign_args=True,
+        )
+    )
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

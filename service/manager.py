@@ -86,18 +86,26 @@ _FENCE = and_(
     jobs.c.lease_owner == bindparam("owner"),
 )
 RENEW_LEASE = (
-    update(jobs).where(_FENCE).values(lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
+    update(jobs)
+    .where(_FENCE)
+    .values(lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
     .returning(jobs.c.cancel_requested)
 )
 SET_PHASE = (
-    update(jobs).where(_FENCE)
+    update(jobs)
+    .where(_FENCE)
     .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"))
     .returning(jobs.c.cancel_requested)
 )
 SET_PHASE_WITHIN_LEASE = (  # entering ``committing``: only while the lease has not expired
-    update(jobs).where(_FENCE, jobs.c.lease_expires_at > bindparam("now"))
-    .values(phase=bindparam("new_phase"), lease_expires_at=bindparam("expires"), updated_at=bindparam("now"),
-            commit_started=True)
+    update(jobs)
+    .where(_FENCE, jobs.c.lease_expires_at > bindparam("now"))
+    .values(
+        phase=bindparam("new_phase"),
+        lease_expires_at=bindparam("expires"),
+        updated_at=bindparam("now"),
+        commit_started=True,
+    )
     .returning(jobs.c.cancel_requested)
 )
 
@@ -287,23 +295,26 @@ class JobManager:
                 if not self._sqlite:
                     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _advisory_key(new.target_key)})
                 now = self.clock()
-                row = conn.execute(INSERT_JOB, {
-                    "id": str(ULID.from_datetime(now)),
-                    "status": Status.QUEUED.value,
-                    "phase": Phase.QUEUED.value,
-                    "target": new.target,
-                    "target_key": new.target_key,
-                    "spec": new.spec,
-                    "dry_run": new.dry_run,
-                    "submitted_at": now,
-                    "attempts": 0,
-                    "idempotency_key": new.idempotency_key,
-                    "idempotency_scope": new.idempotency_scope,
-                    "request_hash": new.request_hash,
-                    "cancel_requested": False,
-                    "next_run_at": now,
-                    "updated_at": now,
-                }).one()
+                row = conn.execute(
+                    INSERT_JOB,
+                    {
+                        "id": str(ULID.from_datetime(now)),
+                        "status": Status.QUEUED.value,
+                        "phase": Phase.QUEUED.value,
+                        "target": new.target,
+                        "target_key": new.target_key,
+                        "spec": new.spec,
+                        "dry_run": new.dry_run,
+                        "submitted_at": now,
+                        "attempts": 0,
+                        "idempotency_key": new.idempotency_key,
+                        "idempotency_scope": new.idempotency_scope,
+                        "request_hash": new.request_hash,
+                        "cancel_requested": False,
+                        "next_run_at": now,
+                        "updated_at": now,
+                    },
+                ).one()
             return _record(row), True
         except sa_exc.IntegrityError:
             # Two submissions with one Idempotency-Key raced; the other one won.
@@ -355,9 +366,7 @@ class JobManager:
             stmt = stmt.where(jobs.c.target_key == target_key)
         if cursor is not None:
             when, job_id = decode_cursor(cursor)
-            stmt = stmt.where(
-                or_(jobs.c.submitted_at < when, and_(jobs.c.submitted_at == when, jobs.c.id < job_id))
-            )
+            stmt = stmt.where(or_(jobs.c.submitted_at < when, and_(jobs.c.submitted_at == when, jobs.c.id < job_id)))
         stmt = stmt.order_by(jobs.c.submitted_at.desc(), jobs.c.id.desc()).limit(limit + 1)
         with self._tx(write=False) as conn:
             rows = conn.execute(stmt).all()
@@ -401,9 +410,7 @@ class JobManager:
             depth, oldest = conn.execute(
                 select(func.count(), func.min(jobs.c.submitted_at)).where(jobs.c.status == Status.QUEUED.value)
             ).one()
-            running = conn.execute(
-                select(func.count()).where(jobs.c.status == Status.RUNNING.value)
-            ).scalar_one()
+            running = conn.execute(select(func.count()).where(jobs.c.status == Status.RUNNING.value)).scalar_one()
         age = 0.0
         if oldest is not None:
             if isinstance(oldest, str):  # SQLite may hand back an aggregate's raw text
@@ -508,8 +515,7 @@ class JobManager:
     def succeed(
         self, lease: Lease, *, table_version: int | None, result: dict[str, int], metrics: dict[str, int]
     ) -> None:
-        self._finish(lease, Status.SUCCEEDED, table_version=table_version, result=result, metrics=metrics,
-                     error=None)
+        self._finish(lease, Status.SUCCEEDED, table_version=table_version, result=result, metrics=metrics, error=None)
 
     def fail(self, lease: Lease, *, error: dict[str, Any], metrics: dict[str, int] | None = None) -> None:
         self._finish(lease, Status.FAILED, error=error, metrics=metrics)
@@ -521,16 +527,23 @@ class JobManager:
         """Back to the queue after a transient failure (or cancelled, if that was asked for meanwhile)."""
         with self._tx(write=True) as conn:
             now = self.clock()
-            row = conn.execute(select(jobs.c.cancel_requested, jobs.c.commit_started)
-                               .where(self._fenced(lease))).first()
+            row = conn.execute(
+                select(jobs.c.cancel_requested, jobs.c.commit_started).where(self._fenced(lease))
+            ).first()
             if row is None:
                 raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held.")
             if row.cancel_requested and not row.commit_started:
-                values: dict[str, Any] = {"status": Status.CANCELLED.value, "phase": Phase.DONE.value,
-                                          "finished_at": now}
+                values: dict[str, Any] = {
+                    "status": Status.CANCELLED.value,
+                    "phase": Phase.DONE.value,
+                    "finished_at": now,
+                }
             else:
-                values = {"status": Status.QUEUED.value, "phase": Phase.QUEUED.value,
-                          "next_run_at": now + timedelta(seconds=delay_seconds)}
+                values = {
+                    "status": Status.QUEUED.value,
+                    "phase": Phase.QUEUED.value,
+                    "next_run_at": now + timedelta(seconds=delay_seconds),
+                }
             conn.execute(
                 update(jobs)
                 .where(self._fenced(lease))
@@ -548,17 +561,19 @@ class JobManager:
         taken: list[str] = []
         with self._tx(write=True) as conn:
             now = self.clock()
-            stmt = select(jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.commit_started,
-                          jobs.c.phase).where(
-                jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now
-            )
+            stmt = select(
+                jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.commit_started, jobs.c.phase
+            ).where(jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now)
             if not self._sqlite:
                 stmt = stmt.with_for_update(skip_locked=True)
             for row in conn.execute(stmt).all():
                 problem = lost_problem(row.attempts)
                 if row.cancel_requested and not row.commit_started:
-                    values: dict[str, Any] = {"status": Status.CANCELLED.value, "phase": Phase.DONE.value,
-                                              "finished_at": now}
+                    values: dict[str, Any] = {
+                        "status": Status.CANCELLED.value,
+                        "phase": Phase.DONE.value,
+                        "finished_at": now,
+                    }
                 elif row.attempts > max_attempts or (
                     row.attempts == max_attempts and row.phase != Phase.COMMITTING.value
                 ):

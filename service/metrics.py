@@ -34,7 +34,8 @@ class QueueCollector(Collector):
         yield GaugeMetricFamily("merge_jobs_queued", "Jobs waiting to run.", value=stats.depth)
         yield GaugeMetricFamily("merge_jobs_running", "Jobs running now.", value=stats.running)
         yield GaugeMetricFamily(
-            "merge_oldest_queued_job_age_seconds", "Age of the oldest queued job (0 when none).",
+            "merge_oldest_queued_job_age_seconds",
+            "Age of the oldest queued job (0 when none).",
             value=stats.oldest_age_seconds,
         )
 
@@ -50,27 +51,39 @@ class ServiceMetrics:
             "merge_jobs_submitted", "Merge jobs accepted by POST /merges.", registry=self.registry
         )
         self.jobs_finished = Counter(
-            "merge_jobs_finished", "Merge jobs that reached a final status, by outcome.", ["outcome"],
+            "merge_jobs_finished",
+            "Merge jobs that reached a final status, by outcome.",
+            ["outcome"],
             registry=self.registry,
         )
         self.job_retries = Counter(
-            "merge_job_retries", "Attempts that ended in a transient failure and were queued again.",
+            "merge_job_retries",
+            "Attempts that ended in a transient failure and were queued again.",
             registry=self.registry,
         )
         self.job_run_seconds = Histogram(
-            "merge_job_run_seconds", "Time a worker spent running one attempt of a job, by outcome.",
-            ["outcome"], buckets=RUN_BUCKETS, registry=self.registry,
+            "merge_job_run_seconds",
+            "Time a worker spent running one attempt of a job, by outcome.",
+            ["outcome"],
+            buckets=RUN_BUCKETS,
+            registry=self.registry,
         )
         self.job_queue_wait_seconds = Histogram(
-            "merge_job_queue_wait_seconds", "Time from submission to a job's first claim.",
-            buckets=WAIT_BUCKETS, registry=self.registry,
+            "merge_job_queue_wait_seconds",
+            "Time from submission to a job's first claim.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
         )
         self.http_requests = Counter(
-            "merge_http_requests", "HTTP requests answered, by method, route and status.",
-            ["method", "route", "status"], registry=self.registry,
+            "merge_http_requests",
+            "HTTP requests answered, by method, route and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
         )
         self.http_request_seconds = Histogram(
-            "merge_http_request_seconds", "HTTP request latency, by method and route.", ["method", "route"],
+            "merge_http_request_seconds",
+            "HTTP request latency, by method and route.",
+            ["method", "route"],
             registry=self.registry,
         )
 

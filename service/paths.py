@@ -26,8 +26,7 @@ class LakeRoots:
                 return str(resolved)
         raise RequestValidationProblem(
             field,
-            f"{field}: {location!r} is not under a configured lake root "
-            f"({', '.join(str(r) for r in self.roots)}).",
+            f"{field}: {location!r} is not under a configured lake root ({', '.join(str(r) for r in self.roots)}).",
             title="Path outside the lake",
         )
 

@@ -69,8 +69,10 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
                 parts[-1] += f"[{item}]"
             else:
                 parts.append(f"[{item}]")
-        elif (i == 0 and item in UNION_TAGS) or (isinstance(previous, int) and item in CLAUSE_TAGS) or (
-            previous == "source" and item in UNION_TAGS
+        elif (
+            (i == 0 and item in UNION_TAGS)
+            or (isinstance(previous, int) and item in CLAUSE_TAGS)
+            or (previous == "source" and item in UNION_TAGS)
         ):
             pass  # a union's tag, not a field of the body
         else:
@@ -102,18 +104,31 @@ def install_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> ProblemResponse:
         errors = _validation_errors(exc)
         detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-        return answer(request, 422, title="Invalid request", detail=detail,
-                      type_=problem_type("invalid-request"), errors=errors)
+        return answer(
+            request, 422, title="Invalid request", detail=detail, type_=problem_type("invalid-request"), errors=errors
+        )
 
     @app.exception_handler(RequestValidationProblem)
     async def _invalid_merge(request: Request, exc: RequestValidationProblem) -> ProblemResponse:
-        return answer(request, 422, title=exc.title, detail=exc.message, type_=problem_type("invalid-merge"),
-                      errors=[{"field": exc.field, "message": exc.message}])
+        return answer(
+            request,
+            422,
+            title=exc.title,
+            detail=exc.message,
+            type_=problem_type("invalid-merge"),
+            errors=[{"field": exc.field, "message": exc.message}],
+        )
 
     @app.exception_handler(InvalidCursorError)
     async def _cursor(request: Request, exc: InvalidCursorError) -> ProblemResponse:
-        return answer(request, 422, title="Invalid cursor", detail=str(exc),
-                      type_=problem_type("invalid-request"), errors=[{"field": "query cursor", "message": str(exc)}])
+        return answer(
+            request,
+            422,
+            title="Invalid cursor",
+            detail=str(exc),
+            type_=problem_type("invalid-request"),
+            errors=[{"field": "query cursor", "message": str(exc)}],
+        )
 
     @app.exception_handler(JobNotFoundError)
     async def _not_found(request: Request, exc: JobNotFoundError) -> ProblemResponse:
@@ -121,13 +136,20 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(IdempotencyConflictError)
     async def _conflict(request: Request, exc: IdempotencyConflictError) -> ProblemResponse:
-        return answer(request, 409, title="Idempotency key reused", detail=str(exc),
-                      type_=problem_type("idempotency-conflict"))
+        return answer(
+            request, 409, title="Idempotency key reused", detail=str(exc), type_=problem_type("idempotency-conflict")
+        )
 
     @app.exception_handler(DatabaseUnavailableError)
     async def _db_down(request: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
-        return answer(request, 503, title="Job database unavailable", detail=str(exc),
-                      type_=problem_type("database-unavailable"), headers={"Retry-After": "5"})
+        return answer(
+            request,
+            503,
+            title="Job database unavailable",
+            detail=str(exc),
+            type_=problem_type("database-unavailable"),
+            headers={"Retry-After": "5"},
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
@@ -159,8 +181,16 @@ def _engine_status(exc: BaseException) -> int | None:
         return 404
     if isinstance(exc, engine_errors.ConcurrentModificationError):
         return 409
-    if isinstance(exc, (engine_errors.MergeSpecError, engine_errors.SourceError, engine_errors.MultipleMatchError,
-                        engine_errors.DataCastError, engine_errors.InvariantViolationError)):
+    if isinstance(
+        exc,
+        (
+            engine_errors.MergeSpecError,
+            engine_errors.SourceError,
+            engine_errors.MultipleMatchError,
+            engine_errors.DataCastError,
+            engine_errors.InvariantViolationError,
+        ),
+    ):
         return 422
     if isinstance(exc, engine_errors.SparkUnavailableError):
         return 503

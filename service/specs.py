@@ -182,8 +182,12 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
             for name, rel in source.relations.items()
         }
         source = dataclasses.replace(source, relations=relations)
-    spec = dataclasses.replace(spec, target=roots.resolve(target, "sql"), source=source,
-                               schema_evolution=spec.schema_evolution or body.schema_evolution)
+    spec = dataclasses.replace(
+        spec,
+        target=roots.resolve(target, "sql"),
+        source=source,
+        schema_evolution=spec.schema_evolution or body.schema_evolution,
+    )
     return spec, target
 
 
@@ -256,8 +260,7 @@ def _check_clause_rules(body: StructuredMergeIn) -> None:
                 )
     if body.target_alias.lower() == body.source_alias.lower():
         raise RequestValidationProblem(
-            "source_alias", f"source_alias: the target and source aliases must differ (both are "
-            f"{body.target_alias!r})."
+            "source_alias", f"source_alias: the target and source aliases must differ (both are {body.target_alias!r})."
         )
 
 

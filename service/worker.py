@@ -170,8 +170,15 @@ def backoff_seconds(attempt: int, settings: Settings, rng: random.Random | None 
 class JobControl:
     """The cross-thread state of one running attempt: heartbeats, cancel and lease checks at safe points."""
 
-    def __init__(self, manager: JobManager, lease: Lease, runner: MergeRunner, tag: str, interval: float,
-                 context: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        manager: JobManager,
+        lease: Lease,
+        runner: MergeRunner,
+        tag: str,
+        interval: float,
+        context: Mapping[str, Any],
+    ) -> None:
         self.manager = manager
         self.lease = lease
         self.runner = runner
@@ -326,8 +333,7 @@ class Worker:
                 self._stop.wait(self.settings.poll_interval_seconds)
 
     def reclaim_expired(self) -> list[str]:
-        taken = self.manager.reclaim_expired(max_attempts=self.settings.max_attempts,
-                                             lost_problem=lease_lost_problem)
+        taken = self.manager.reclaim_expired(max_attempts=self.settings.max_attempts, lost_problem=lease_lost_problem)
         for job_id in taken:
             self._log.warning("took back a job whose lease expired", job_id=job_id)
         return taken
@@ -403,14 +409,19 @@ class Worker:
             if control.cancel_requested and not control.commit_started:
                 cancelled = True
             if cancelled and not control.shutting_down:
-                self.manager.cancel_running(lease, error=cancelled_problem(
-                    "The merge was cancelled before its commit started; the table is unchanged."))
+                self.manager.cancel_running(
+                    lease,
+                    error=cancelled_problem(
+                        "The merge was cancelled before its commit started; the table is unchanged."
+                    ),
+                )
                 log.info("job cancelled")
                 return "cancelled"
             problem = job_problem(exc)
             if control.shutting_down:
-                self.manager.retry(lease, error={**problem, "detail": "The worker stopped during the attempt."},
-                                   delay_seconds=0)
+                self.manager.retry(
+                    lease, error={**problem, "detail": "The worker stopped during the attempt."}, delay_seconds=0
+                )
                 log.info("job handed back to the queue at shutdown")
                 return "retry"
             # A commit whose outcome is unknown gets one attempt beyond the limit: it finds its txn if it landed.
@@ -418,8 +429,7 @@ class Worker:
             if is_retryable(exc) and lease.attempt < limit:
                 delay = backoff_seconds(lease.attempt, self.settings)
                 status = self.manager.retry(lease, error=problem, delay_seconds=delay)
-                log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3),
-                            status=status.value)
+                log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3), status=status.value)
                 return "retry" if status.value == "queued" else "cancelled"
             if is_retryable(exc):
                 problem["detail"] = f"{problem['detail']} (gave up after {lease.attempt} attempts)"

@@ -46,8 +46,9 @@ def cluster_spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSes
     logs = tmp_path_factory.mktemp("cluster-logs")
     master, worker = start_standalone_cluster(cores=2, memory="3g", log_dir=logs)
     master_url = f"spark://127.0.0.1:{master.port}"
-    server = start_connect_server(master=master_url, log_dir=logs,
-                                  conf={"spark.executor.memory": "2g", "spark.driver.memory": "1g"})
+    server = start_connect_server(
+        master=master_url, log_dir=logs, conf={"spark.executor.memory": "2g", "spark.driver.memory": "1g"}
+    )
     session = SparkSession.builder.remote(f"sc://127.0.0.1:{server.port}").create()
     configure_session(session)
     session.cluster_work_dir = logs / "work"  # type: ignore[attr-defined]

@@ -38,8 +38,11 @@ class FileStats:
         parts = []
         if self.num_records is not None:
             parts.append(f'"numRecords":{self.num_records}')
-        for key, values in (("minValues", self.min_values), ("maxValues", self.max_values),
-                            ("nullCount", self.null_count)):
+        for key, values in (
+            ("minValues", self.min_values),
+            ("maxValues", self.max_values),
+            ("nullCount", self.null_count),
+        ):
             if values:
                 parts.append(f'"{key}":{_nested_json(values)}')
         return "{" + ",".join(parts) + "}"
@@ -402,35 +405,41 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
         if kind == "add":
             if metadata is not None:
                 schema = metadata.schema
-            adds.append(AddFile(
-                path=body["path"],
-                size=int(body.get("size") or 0),
-                partition_values=dict(body.get("partitionValues") or {}),
-                modification_time=int(body.get("modificationTime") or 0),
-                data_change=bool(body.get("dataChange", True)),
-                stats=FileStats.from_json(body.get("stats"), schema),
-                tags=body.get("tags"),
-            ))
+            adds.append(
+                AddFile(
+                    path=body["path"],
+                    size=int(body.get("size") or 0),
+                    partition_values=dict(body.get("partitionValues") or {}),
+                    modification_time=int(body.get("modificationTime") or 0),
+                    data_change=bool(body.get("dataChange", True)),
+                    stats=FileStats.from_json(body.get("stats"), schema),
+                    tags=body.get("tags"),
+                )
+            )
             if body.get("deletionVector"):
                 other.append("deletionVector")
         elif kind == "remove":
-            removes.append(RemoveFile(
-                path=body["path"],
-                deletion_timestamp=int(body.get("deletionTimestamp") or 0),
-                data_change=bool(body.get("dataChange", True)),
-                extended_file_metadata=bool(body.get("extendedFileMetadata", False)),
-                partition_values=dict(body.get("partitionValues") or {}),
-                size=body.get("size"),
-                tags=body.get("tags"),
-            ))
+            removes.append(
+                RemoveFile(
+                    path=body["path"],
+                    deletion_timestamp=int(body.get("deletionTimestamp") or 0),
+                    data_change=bool(body.get("dataChange", True)),
+                    extended_file_metadata=bool(body.get("extendedFileMetadata", False)),
+                    partition_values=dict(body.get("partitionValues") or {}),
+                    size=body.get("size"),
+                    tags=body.get("tags"),
+                )
+            )
         elif kind == "cdc":
-            cdcs.append(AddCDCFile(
-                path=body["path"],
-                partition_values=dict(body.get("partitionValues") or {}),
-                size=int(body.get("size") or 0),
-                data_change=bool(body.get("dataChange", False)),
-                tags=body.get("tags"),
-            ))
+            cdcs.append(
+                AddCDCFile(
+                    path=body["path"],
+                    partition_values=dict(body.get("partitionValues") or {}),
+                    size=int(body.get("size") or 0),
+                    data_change=bool(body.get("dataChange", False)),
+                    tags=body.get("tags"),
+                )
+            )
         elif kind == "metaData":
             metadata = Metadata.from_action(body)
         elif kind == "protocol":
@@ -441,8 +450,9 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
             commit_info = body
         else:
             other.append(kind)
-    return CommitEntry(version, tuple(adds), tuple(removes), tuple(cdcs), metadata, protocol, tuple(txns),
-                       commit_info, tuple(other))
+    return CommitEntry(
+        version, tuple(adds), tuple(removes), tuple(cdcs), metadata, protocol, tuple(txns), commit_info, tuple(other)
+    )
 
 
 def actions_to_json_lines(actions: Sequence[Mapping[str, Any]]) -> bytes:

@@ -75,8 +75,9 @@ def referenced_columns(expression: str, schema_json: Mapping[str, Any]) -> tuple
     return tuple(found)
 
 
-def _fields(schema_json: Mapping[str, Any], prefix: tuple[str, ...] = ()
-            ) -> Iterator[tuple[tuple[str, ...], Mapping[str, Any]]]:
+def _fields(
+    schema_json: Mapping[str, Any], prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], Mapping[str, Any]]]:
     """Every field reached through structs only (Delta does not look into arrays and maps for invariants)."""
     for f in schema_json.get("fields", []):
         path = (*prefix, f["name"])
@@ -109,23 +110,42 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
     for key, text in sorted(metadata.configuration.items()):
         if key.lower().startswith(CHECK_PREFIX):
             expression = str(text)
-            constraints.append(Constraint("check", key[len(CHECK_PREFIX):], expression,
-                                          referenced_columns(expression, schema_json), f"({expression})"))
+            constraints.append(
+                Constraint(
+                    "check",
+                    key[len(CHECK_PREFIX) :],
+                    expression,
+                    referenced_columns(expression, schema_json),
+                    f"({expression})",
+                )
+            )
     for f in schema_json.get("fields", []):
         expression = (f.get("metadata") or {}).get(GENERATION_KEY)
         if expression is not None:
             # A generated column must hold its expression's value (Delta checks it as a CHECK constraint).
             column = quoted_path((f["name"],))
-            constraints.append(Constraint(
-                "check", "Generated Column", f"{column} <=> ({expression})",
-                tuple(dict.fromkeys([(f["name"],), *referenced_columns(str(expression), schema_json)])),
-                f"({f['name']} <=> ({expression}))"))
+            constraints.append(
+                Constraint(
+                    "check",
+                    "Generated Column",
+                    f"{column} <=> ({expression})",
+                    tuple(dict.fromkeys([(f["name"],), *referenced_columns(str(expression), schema_json)])),
+                    f"({f['name']} <=> ({expression}))",
+                )
+            )
     for path, f in _fields(schema_json):
         meta = f.get("metadata") or {}
         if INVARIANTS_KEY in meta:
             expression = _invariant_expression(path, meta[INVARIANTS_KEY])
-            constraints.append(Constraint("invariant", f"EXPRESSION({expression})", expression,
-                                          referenced_columns(expression, schema_json), f"({expression})"))
+            constraints.append(
+                Constraint(
+                    "invariant",
+                    f"EXPRESSION({expression})",
+                    expression,
+                    referenced_columns(expression, schema_json),
+                    f"({expression})",
+                )
+            )
         raw_type = meta.get(CHAR_VARCHAR_KEY)
         if raw_type is None:
             continue
@@ -136,7 +156,13 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
                 "not supported"
             )
         column, limit, name = quoted_path(path), int(length.group(1)), ".".join(path)
-        constraints.append(Constraint("length", CHAR_VARCHAR_CHECK_NAME,
-                                      f"{column} IS NULL OR length({column}) <= {limit}", (path,),
-                                      f"(({name} IS NULL) OR (length({name}) <= {limit}))"))
+        constraints.append(
+            Constraint(
+                "length",
+                CHAR_VARCHAR_CHECK_NAME,
+                f"{column} IS NULL OR length({column}) <= {limit}",
+                (path,),
+                f"(({name} IS NULL) OR (length({name}) <= {limit}))",
+            )
+        )
     return constraints

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from engine.errors import ConcurrentModificationError, DeltaError, InvariantViolationError, SchemaMismatchError
 
-__all__ = ["CommitRetriesExhaustedError", "CorruptLogError", "InvalidWriteError", "InvariantViolationError",
-           "WriteSchemaMismatchError"]
+__all__ = [
+    "CommitRetriesExhaustedError",
+    "CorruptLogError",
+    "InvalidWriteError",
+    "InvariantViolationError",
+    "WriteSchemaMismatchError",
+]
 
 
 class InvalidWriteError(DeltaError):

@@ -21,16 +21,23 @@ from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
-IMPLEMENTED_FEATURES = frozenset({"appendOnly", "changeDataFeed", "timestampNtz", "invariants", "checkConstraints",
-                                  "generatedColumns", "allowColumnDefaults"})
+IMPLEMENTED_FEATURES = frozenset(
+    {
+        "appendOnly",
+        "changeDataFeed",
+        "timestampNtz",
+        "invariants",
+        "checkConstraints",
+        "generatedColumns",
+        "allowColumnDefaults",
+    }
+)
 """Features whose rules this layer follows."""
 
 DEFAULT_KEY = "CURRENT_DEFAULT"
 """Field metadata of allowColumnDefaults: the SQL of the value an INSERT gives a column it names no value for."""
 
-USE_CHECKED_FEATURES = frozenset(
-    {"identityColumns", "columnMapping", "deletionVectors", "variantType"}
-)
+USE_CHECKED_FEATURES = frozenset({"identityColumns", "columnMapping", "deletionVectors", "variantType"})
 """Features accepted while the table does not use them (checked against metadata and files)."""
 
 _TRUE = "true"
@@ -66,7 +73,7 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     config = metadata.configuration
     for key in config:
         if key.startswith("delta.constraints."):
-            used.setdefault("checkConstraints", f"CHECK constraint {key[len('delta.constraints.'):]!r}")
+            used.setdefault("checkConstraints", f"CHECK constraint {key[len('delta.constraints.') :]!r}")
     mode = str(config.get("delta.columnMapping.mode", "none")).strip().lower()
     if mode not in ("", "none"):
         used["columnMapping"] = f"delta.columnMapping.mode = {mode}"
@@ -130,8 +137,9 @@ def protocol_features(protocol: Protocol) -> set[str]:
     return features
 
 
-def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, has_deletion_vectors: bool = False,
-                                where: str = "") -> None:
+def check_protocol_and_metadata(
+    protocol: Protocol, metadata: Metadata, *, has_deletion_vectors: bool = False, where: str = ""
+) -> None:
     """Raise UnsupportedTableFeatureError naming the first feature we cannot honour."""
     suffix = f" ({where})" if where else ""
     if protocol.min_reader_version > MAX_READER_VERSION:
@@ -164,8 +172,9 @@ def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, has_d
 
 def check_supported(snapshot: Any) -> None:
     """Protocol gate for reading and writing a snapshot's table (see the module docstring)."""
-    check_protocol_and_metadata(snapshot.protocol, snapshot.metadata,
-                                has_deletion_vectors=snapshot.has_deletion_vectors, where=snapshot.root)
+    check_protocol_and_metadata(
+        snapshot.protocol, snapshot.metadata, has_deletion_vectors=snapshot.has_deletion_vectors, where=snapshot.root
+    )
 
 
 def is_append_only(metadata: Metadata) -> bool:

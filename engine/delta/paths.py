@@ -20,7 +20,7 @@ from engine.errors import DeltaError
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 # Characters Spark's ExternalCatalogUtils.escapePathName escapes in partition directory names.
-_SPARK_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
+_SPARK_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^") | {chr(c) for c in range(1, 32)}
 _GLOB_CHARS = re.compile(r"([{}\[\]*?\\])")
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 

@@ -32,18 +32,21 @@ _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
 
 def scan_schema(snapshot: Snapshot) -> T.StructType:
     """The scan's columns: the table's, in table order, then ``_file_name_`` and ``_row_index_``."""
-    return T.StructType([
-        *snapshot.spark_schema.fields,
-        T.StructField(FILE_NAME_COL, T.StringType(), False),
-        T.StructField(ROW_INDEX_COL, T.LongType(), False),
-    ])
+    return T.StructType(
+        [
+            *snapshot.spark_schema.fields,
+            T.StructField(FILE_NAME_COL, T.StringType(), False),
+            T.StructField(ROW_INDEX_COL, T.LongType(), False),
+        ]
+    )
 
 
 FileColumns = Literal["name_and_row_index", "path", "none"]
 
 
-def scan_files(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], *,
-               file_columns: bool = True) -> DataFrame:
+def scan_files(
+    spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], *, file_columns: bool = True
+) -> DataFrame:
     """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
     ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
     evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
@@ -73,8 +76,7 @@ def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable
     return [f for f in files if f.path in found]
 
 
-def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], file_columns: FileColumns
-          ) -> DataFrame:
+def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], file_columns: FileColumns) -> DataFrame:
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
@@ -83,8 +85,9 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
         if file_columns == "path":
-            return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields],
-                                F.col(FILE_NAME_COL).alias(FILE_PATH_COL))
+            return empty.select(
+                *[F.col(f"`{f.name}`") for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
+            )
         if file_columns == "none":
             return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
         return empty
@@ -94,11 +97,13 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
         if file_columns == "none":
             return plain
         if file_columns == "path":
-            return plain.select(*[F.col(f"`{f.name}`") for f in data_schema.fields],
-                                F.col("_metadata.file_path").alias(FILE_PATH_COL))
+            return plain.select(
+                *[F.col(f"`{f.name}`") for f in data_schema.fields], F.col("_metadata.file_path").alias(FILE_PATH_COL)
+            )
         prefix = "file:" + snapshot.root.rstrip("/") + "/"
-        if all(_PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique,
-                                                                                               strict=True)):
+        if all(
+            _PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)
+        ):
             # Every log path is the file's plain path under the root, which Spark reports verbatim after
             # ``file:``: the log path is a substring, with no per-row lookup.
             return plain.select(
@@ -110,16 +115,20 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
     mapping_rows = []
     for add in unique:
         values = {k.lower(): v for k, v in add.partition_values.items()}
-        mapping_rows.append((
-            add.absolute_path(snapshot.root),
-            add.path,
-            *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
-        ))
-    mapping_schema = T.StructType([
-        T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
-        T.StructField(FILE_NAME_COL, T.StringType(), False),
-        *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
-    ])
+        mapping_rows.append(
+            (
+                add.absolute_path(snapshot.root),
+                add.path,
+                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+            )
+        )
+    mapping_schema = T.StructType(
+        [
+            T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(FILE_NAME_COL, T.StringType(), False),
+            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+        ]
+    )
 
     data = spark.read.schema(data_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
     if all(_PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows):
@@ -138,8 +147,9 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
     joined = data.join(F.broadcast(mapping), on=_LOCAL_PATH_COL, how="left")
     checked_name = F.when(
         F.col(FILE_NAME_COL).isNull(),
-        F.raise_error(F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "),
-                               F.col(_LOCAL_PATH_COL))),
+        F.raise_error(
+            F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "), F.col(_LOCAL_PATH_COL))
+        ),
     ).otherwise(F.col(FILE_NAME_COL))
     table_columns = [F.col(f"`{f.name}`") for f in schema.fields]
     if file_columns == "none":

@@ -353,7 +353,8 @@ class _Compiler:
                 return None
             lowered = name.lower()
             match = next((f for f in current.fields if f.name == name), None) or next(
-                (f for f in current.fields if f.name.lower() == lowered), None)
+                (f for f in current.fields if f.name.lower() == lowered), None
+            )
             if match is None:
                 return None
             resolved.append(match.name)
@@ -392,7 +393,12 @@ class _Compiler:
 
     def compile(self, node: exp.Expression) -> Node:
         simple_ops: list[tuple[type[exp.Expression], str]] = [
-            (exp.EQ, "="), (exp.NEQ, "!="), (exp.LT, "<"), (exp.LTE, "<="), (exp.GT, ">"), (exp.GTE, ">="),
+            (exp.EQ, "="),
+            (exp.NEQ, "!="),
+            (exp.LT, "<"),
+            (exp.LTE, "<="),
+            (exp.GT, ">"),
+            (exp.GTE, ">="),
         ]
         if isinstance(node, exp.Paren):
             return self.compile(node.this)
@@ -438,8 +444,12 @@ class _Compiler:
         if isinstance(node, exp.Between):
             if node.args.get("symmetric"):
                 return _UNKNOWN
-            return And((self.comparison(">=", node.this, node.args["low"]),
-                        self.comparison("<=", node.this, node.args["high"])))
+            return And(
+                (
+                    self.comparison(">=", node.this, node.args["low"]),
+                    self.comparison("<=", node.this, node.args["high"]),
+                )
+            )
         if isinstance(node, exp.Boolean):
             return Const(bool(node.this))
         if isinstance(node, exp.Null):
@@ -700,8 +710,7 @@ class FilePredicate:
     """A predicate compiled for one table schema; ``might_match(add)`` is False only when the file provably
     has no row for which the predicate is TRUE."""
 
-    def __init__(self, predicate: str | exp.Expression, schema: T.StructType,
-                 partition_columns: Sequence[str]) -> None:
+    def __init__(self, predicate: str | exp.Expression, schema: T.StructType, partition_columns: Sequence[str]) -> None:
         self.text = predicate if isinstance(predicate, str) else predicate.sql(dialect="spark")
         self.tree: Node = _Compiler(schema, partition_columns).compile(parse_predicate(predicate))
         lowered = {c.lower() for c in partition_columns}

@@ -143,8 +143,16 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
     schema = parse_schema(metadata.schema_string)
     files = _files(dt, schema, metadata.partition_columns)
     has_dvs = "deletionVectors" in (protocol.reader_features or ()) and _has_deletion_vectors(dt)
-    return Snapshot(table_uri=table_uri, root=root, version=int(dt.version()), metadata=metadata,
-                    protocol=protocol, files=files, has_deletion_vectors=has_dvs, _table=dt)
+    return Snapshot(
+        table_uri=table_uri,
+        root=root,
+        version=int(dt.version()),
+        metadata=metadata,
+        protocol=protocol,
+        files=files,
+        has_deletion_vectors=has_dvs,
+        _table=dt,
+    )
 
 
 def _has_deletion_vectors(dt: Any) -> bool:
@@ -173,14 +181,16 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
                 max_values=_typed(row.get("max"), leaves),
                 null_count=_counts(row.get("null_count")),
             )
-        files.append(AddFile(
-            path=row["path"],
-            size=int(row["size_bytes"]),
-            partition_values=pvalues,
-            modification_time=int(row["modification_time"]),
-            data_change=True,
-            stats=stats,
-        ))
+        files.append(
+            AddFile(
+                path=row["path"],
+                size=int(row["size_bytes"]),
+                partition_values=pvalues,
+                modification_time=int(row["modification_time"]),
+                data_change=True,
+                stats=stats,
+            )
+        )
     return tuple(files)
 
 

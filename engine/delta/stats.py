@@ -76,15 +76,17 @@ def _split_column_list(text: str) -> list[tuple[str, ...]]:
     return columns
 
 
-def indexed_leaves(data_schema: T.StructType, configuration: Mapping[str, str]
-                   ) -> list[tuple[tuple[str, ...], T.DataType]]:
+def indexed_leaves(
+    data_schema: T.StructType, configuration: Mapping[str, str]
+) -> list[tuple[tuple[str, ...], T.DataType]]:
     """The leaf columns Delta collects statistics for."""
     leaves = list(leaf_fields(data_schema))
     stats_columns = configuration.get("delta.dataSkippingStatsColumns")
     if stats_columns:
         wanted = [tuple(p.lower() for p in path) for path in _split_column_list(stats_columns)]
         return [
-            (path, dtype) for path, dtype in leaves
+            (path, dtype)
+            for path, dtype in leaves
             if any(tuple(p.lower() for p in path[: len(w)]) == w for w in wanted)
         ]
     try:
@@ -143,11 +145,16 @@ def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
 
 def _type_leaves(dtype: pa.DataType, path: tuple[str, ...]) -> list[tuple[str, ...]]:
     if pa.types.is_struct(dtype):
-        return [leaf for i in range(dtype.num_fields)
-                for leaf in _type_leaves(dtype.field(i).type, (*path, dtype.field(i).name))]
+        return [
+            leaf
+            for i in range(dtype.num_fields)
+            for leaf in _type_leaves(dtype.field(i).type, (*path, dtype.field(i).name))
+        ]
     if pa.types.is_map(dtype):
-        return [*_type_leaves(dtype.key_type, (*path, "key_value", "key")),
-                *_type_leaves(dtype.item_type, (*path, "key_value", "value"))]
+        return [
+            *_type_leaves(dtype.key_type, (*path, "key_value", "key")),
+            *_type_leaves(dtype.item_type, (*path, "key_value", "value")),
+        ]
     if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype):
         return _type_leaves(dtype.value_type, (*path, "list", "element"))
     return [path]
@@ -165,8 +172,9 @@ def _column_paths(metadata: pq.FileMetaData) -> list[tuple[str, ...]]:
     return paths
 
 
-def stats_from_footer(metadata: pq.FileMetaData, data_schema: T.StructType,
-                      configuration: Mapping[str, str]) -> FileStats:
+def stats_from_footer(
+    metadata: pq.FileMetaData, data_schema: T.StructType, configuration: Mapping[str, str]
+) -> FileStats:
     """Delta statistics for one Parquet file from its footer."""
     num_rows = metadata.num_rows
     columns: dict[tuple[str, ...], list[Any]] = {}
@@ -205,8 +213,10 @@ def stats_from_footer(metadata: pq.FileMetaData, data_schema: T.StructType,
             if not stats.has_min_max:
                 bounds_ok = False
                 continue
-            if getattr(stats, "is_min_value_exact", None) is False or \
-                    getattr(stats, "is_max_value_exact", None) is False:
+            if (
+                getattr(stats, "is_min_value_exact", None) is False
+                or getattr(stats, "is_max_value_exact", None) is False
+            ):
                 bounds_ok = False
                 continue
             lo = _convert(stats.min, dtype)

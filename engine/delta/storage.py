@@ -42,8 +42,7 @@ class Storage(Protocol):
         """Remove an object or a whole folder; absent is fine."""
         ...
 
-    def exists(self, key: str) -> bool:
-        ...
+    def exists(self, key: str) -> bool: ...
 
 
 class LocalStorage:

@@ -100,8 +100,11 @@ class Transaction:
         """Files this transaction read and the predicate that selected them (None: the whole table). Appends
         by others that the predicate would have selected conflict with this transaction."""
         self._read_paths.update(f.path for f in files)
-        compiled = None if predicate is None else FilePredicate(
-            predicate, self.snapshot.spark_schema, self.snapshot.partition_columns)
+        compiled = (
+            None
+            if predicate is None
+            else FilePredicate(predicate, self.snapshot.spark_schema, self.snapshot.partition_columns)
+        )
         self._scopes.append(_ReadScope(compiled))
 
     def set_app_transaction(self, app_id: str, version: int) -> None:
@@ -110,9 +113,16 @@ class Transaction:
 
     # --- commit ------------------------------------------------------------------------------------------------
 
-    def commit(self, actions: Sequence[CommitAction], *, operation: str, operation_parameters: Mapping[str, Any],
-               operation_metrics: Mapping[str, Any] | None = None, is_blind_append: bool = False,
-               max_attempts: int = 10) -> int:
+    def commit(
+        self,
+        actions: Sequence[CommitAction],
+        *,
+        operation: str,
+        operation_parameters: Mapping[str, Any],
+        operation_metrics: Mapping[str, Any] | None = None,
+        is_blind_append: bool = False,
+        max_attempts: int = 10,
+    ) -> int:
         """Write the commit; answer the version it landed at. Raises a ConcurrentModificationError subclass
         on a conflict, CommitFailedError when nothing was written, CommitStateUnknownError when the outcome
         cannot be told."""
@@ -120,8 +130,9 @@ class Transaction:
             raise DeltaError("This transaction has already committed")
         storage = self.snapshot.storage
         new_metadata, new_protocol = self._validate(actions)
-        body = self._serialize(actions, operation, operation_parameters, operation_metrics, is_blind_append,
-                               new_metadata, new_protocol)
+        body = self._serialize(
+            actions, operation, operation_parameters, operation_metrics, is_blind_append, new_metadata, new_protocol
+        )
         checked_through = self.read_version
         version = self.read_version + 1
         for attempt in range(1, max(1, max_attempts) + 1):
@@ -163,9 +174,14 @@ class Transaction:
         new_protocol = protocols[0] if protocols else None
         if any(isinstance(a, RemoveFile) and a.data_change for a in actions):
             check_can_modify(self.snapshot)
-        if any(isinstance(a, AddCDCFile) for a in actions) and not self.snapshot.cdf_enabled and (
+        if (
+            any(isinstance(a, AddCDCFile) for a in actions)
+            and not self.snapshot.cdf_enabled
+            and (
                 new_metadata is None
-                or str(new_metadata.configuration.get("delta.enableChangeDataFeed", "")).lower() != "true"):
+                or str(new_metadata.configuration.get("delta.enableChangeDataFeed", "")).lower() != "true"
+            )
+        ):
             raise DeltaError("cdc actions need delta.enableChangeDataFeed = true on the table")
         if new_metadata is not None or new_protocol is not None:
             meta = new_metadata or self.snapshot.metadata
@@ -190,9 +206,16 @@ class Transaction:
             raise DeltaError(f"Cannot remove files that are not in version {self.read_version}: {missing[:3]}")
         return new_metadata, new_protocol
 
-    def _serialize(self, actions: Sequence[CommitAction], operation: str, parameters: Mapping[str, Any],
-                   metrics: Mapping[str, Any] | None, is_blind_append: bool, metadata: Metadata | None,
-                   protocol: Protocol | None) -> bytes:
+    def _serialize(
+        self,
+        actions: Sequence[CommitAction],
+        operation: str,
+        parameters: Mapping[str, Any],
+        metrics: Mapping[str, Any] | None,
+        is_blind_append: bool,
+        metadata: Metadata | None,
+        protocol: Protocol | None,
+    ) -> bytes:
         now = now_millis()
         commit_info: dict[str, Any] = {
             "timestamp": now,

@@ -53,8 +53,7 @@ def is_skipping_eligible(dtype: T.DataType) -> bool:
     """Delta's SkippingEligibleDataType: the types that get min/max statistics."""
     return isinstance(
         dtype,
-        (*INTEGRAL_TYPES, *FLOAT_TYPES, T.DecimalType, T.DateType, T.TimestampType, T.TimestampNTZType,
-         T.StringType),
+        (*INTEGRAL_TYPES, *FLOAT_TYPES, T.DecimalType, T.DateType, T.TimestampType, T.TimestampNTZType, T.StringType),
     )
 
 
@@ -72,10 +71,18 @@ def strip_nullability(dtype: T.DataType) -> T.DataType:
 def to_arrow_type(dtype: T.DataType) -> pa.DataType:
     """The Arrow type Delta readers (delta-rs) use for a Spark/Delta type."""
     simple: dict[type, pa.DataType] = {
-        T.ByteType: pa.int8(), T.ShortType: pa.int16(), T.IntegerType: pa.int32(), T.LongType: pa.int64(),
-        T.FloatType: pa.float32(), T.DoubleType: pa.float64(), T.StringType: pa.string(),
-        T.BinaryType: pa.binary(), T.BooleanType: pa.bool_(), T.DateType: pa.date32(),
-        T.TimestampType: pa.timestamp("us", tz="UTC"), T.TimestampNTZType: pa.timestamp("us"),
+        T.ByteType: pa.int8(),
+        T.ShortType: pa.int16(),
+        T.IntegerType: pa.int32(),
+        T.LongType: pa.int64(),
+        T.FloatType: pa.float32(),
+        T.DoubleType: pa.float64(),
+        T.StringType: pa.string(),
+        T.BinaryType: pa.binary(),
+        T.BooleanType: pa.bool_(),
+        T.DateType: pa.date32(),
+        T.TimestampType: pa.timestamp("us", tz="UTC"),
+        T.TimestampNTZType: pa.timestamp("us"),
     }
     for cls, arrow in simple.items():
         if type(dtype) is cls:

@@ -63,8 +63,7 @@ def _resolve_schema(snapshot: Snapshot, schema: T.StructType | str | dict[str, A
     return T.StructType.fromJson(schema)
 
 
-def _not_null_checks(column: Column, dtype: T.DataType, path: str, guard: Column | None
-                     ) -> list[tuple[Column, str]]:
+def _not_null_checks(column: Column, dtype: T.DataType, path: str, guard: Column | None) -> list[tuple[Column, str]]:
     """(violation condition, column path) for every NOT NULL struct field under a column."""
     checks: list[tuple[Column, str]] = []
     if isinstance(dtype, T.StructType):
@@ -87,20 +86,29 @@ def _violation(constraint: Constraint) -> tuple[Column, Column]:
     broken = ~F.coalesce(F.expr(constraint.expression), F.lit(False))
     values = [F.col(quoted_path(path)) for path in constraint.columns]
     if constraint.kind == "length":
-        message = F.concat(F.lit(f'[{LENGTH_MARKER}] Value "'), *[_shown(v) for v in values[:1]],
-                           F.lit(f'" exceeds char/varchar type length limitation. Failed check: {constraint.shown}.'))
+        message = F.concat(
+            F.lit(f'[{LENGTH_MARKER}] Value "'),
+            *[_shown(v) for v in values[:1]],
+            F.lit(f'" exceeds char/varchar type length limitation. Failed check: {constraint.shown}.'),
+        )
     else:
         lines = sorted(zip((".".join(p) for p in constraint.columns), values, strict=True), key=lambda c: c[0])
         message = F.concat(
-            F.lit(f"[{CHECK_MARKER}] CHECK constraint {constraint.name} {constraint.shown} violated by row with "
-                  "values:"),
+            F.lit(
+                f"[{CHECK_MARKER}] CHECK constraint {constraint.name} {constraint.shown} violated by row with values:"
+            ),
             *[part for name, value in lines for part in (F.lit(f"\n - {name} : "), _shown(value))],
         )
     return broken, message
 
 
-def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField] = (),
-             constraints: Sequence[Constraint] = (), checked_rows: Column | None = None) -> DataFrame:
+def _conform(
+    df: DataFrame,
+    target: T.StructType,
+    extra: Sequence[T.StructField] = (),
+    constraints: Sequence[Constraint] = (),
+    checked_rows: Column | None = None,
+) -> DataFrame:
     """``df`` with exactly the target's columns in table order under the table's names, types checked, and
     Delta's constraints enforced while Spark writes (an error, never a silent NULL or a skipped row): CHECK
     constraints, NOT NULL, column invariants and CHAR/VARCHAR lengths, in Delta's order, on ``checked_rows``."""
@@ -127,15 +135,21 @@ def _conform(df: DataFrame, target: T.StructType, extra: Sequence[T.StructField]
         column = F.col(f"`{f.name}`")
         paths = [(column.isNull(), f.name)] if not f.nullable else []
         paths += _not_null_checks(column, f.dataType, f.name, None)
-        not_null += [(cond, F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}"))
-                     for cond, path in paths]
-    checks = [*[_violation(c) for c in constraints if c.kind == "check"], *not_null,
-              *[_violation(c) for c in constraints if c.kind != "check"]]
+        not_null += [
+            (cond, F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}"))
+            for cond, path in paths
+        ]
+    checks = [
+        *[_violation(c) for c in constraints if c.kind == "check"],
+        *not_null,
+        *[_violation(c) for c in constraints if c.kind != "check"],
+    ]
     if checks:
         condition: Any = F
         for broken, message in checks:
-            condition = condition.when(broken if checked_rows is None else checked_rows & broken,
-                                       F.raise_error(message))
+            condition = condition.when(
+                broken if checked_rows is None else checked_rows & broken, F.raise_error(message)
+            )
         out = out.where(condition.otherwise(F.lit(True)))
     return out
 
@@ -178,13 +192,14 @@ def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: 
 
 def _raised_message(text: str, marker: str) -> str:
     """The message a violation raised, out of the text of Spark's error (its class and state cut off)."""
-    message = text[text.index(marker) - 1:]
+    message = text[text.index(marker) - 1 :]
     end = re.search(r"\s*SQLSTATE: \w+|\n\s*\n|\nJVM stacktrace:", message)
-    return message[:end.start()] if end else message
+    return message[: end.start()] if end else message
 
 
-def _list_written(root: str, rel_dir: str, partition_types: dict[str, T.DataType], session_tz: str
-                  ) -> list[tuple[str, str, dict[str, str | None], os.stat_result]]:
+def _list_written(
+    root: str, rel_dir: str, partition_types: dict[str, T.DataType], session_tz: str
+) -> list[tuple[str, str, dict[str, str | None], os.stat_result]]:
     """(relative path, absolute path, partition values, stat) of each Parquet file Spark left in the folder."""
     out = []
     base = os.path.join(root, *rel_dir.split("/"))
@@ -228,22 +243,25 @@ def _session_tz(spark: SparkSession) -> str:
         return "UTC"
 
 
-def _adds(snapshot: Snapshot, written: list[tuple[str, str, dict[str, str | None], os.stat_result]],
-          data_schema: T.StructType) -> list[AddFile]:
+def _adds(
+    snapshot: Snapshot, written: list[tuple[str, str, dict[str, str | None], os.stat_result]], data_schema: T.StructType
+) -> list[AddFile]:
     adds = []
     for relative, absolute, values, stat in written:
         footer = pq.read_metadata(absolute)
         if footer.num_rows == 0:
             os.remove(absolute)  # Spark writes an empty file for an empty input; Delta needs none.
             continue
-        adds.append(AddFile(
-            path=encode_log_path(relative),
-            size=stat.st_size,
-            partition_values=values,
-            modification_time=int(stat.st_mtime * 1000),
-            data_change=True,
-            stats=stats_from_footer(footer, data_schema, snapshot.configuration),
-        ))
+        adds.append(
+            AddFile(
+                path=encode_log_path(relative),
+                size=stat.st_size,
+                partition_values=values,
+                modification_time=int(stat.st_mtime * 1000),
+                data_change=True,
+                stats=stats_from_footer(footer, data_schema, snapshot.configuration),
+            )
+        )
     return adds
 
 
@@ -257,16 +275,21 @@ def _cdcs(written: list[tuple[str, str, dict[str, str | None], os.stat_result]])
     return cdcs
 
 
-def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
-                     partition_columns: Sequence[str] | None = None,
-                     schema: T.StructType | str | dict[str, Any] | None = None) -> list[AddFile]:
+def write_data_files(
+    spark: SparkSession,
+    df: DataFrame,
+    snapshot: Snapshot,
+    *,
+    write_id: str,
+    partition_columns: Sequence[str] | None = None,
+    schema: T.StructType | str | dict[str, Any] | None = None,
+) -> list[AddFile]:
     """Write ``df`` (the table's columns, any order) as Parquet under ``<root>/<write_id>/`` and answer the
     ``add`` actions, with statistics, for the files written. ``schema`` overrides the table schema (after
     schema evolution). Nothing is committed; on failure the folder is removed."""
     _check_write_id(write_id)
     target = _resolve_schema(snapshot, schema)
-    parts = _partition_types(target, snapshot.partition_columns if partition_columns is None
-                             else partition_columns)
+    parts = _partition_types(target, snapshot.partition_columns if partition_columns is None else partition_columns)
     conformed = _conform(df, target, constraints=table_constraints(snapshot.metadata))
     out_dir = os.path.join(snapshot.root, write_id)
     _check_fresh(out_dir)
@@ -279,9 +302,14 @@ def write_data_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, 
         raise
 
 
-def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snapshot, *, write_id: str,
-                             schema: T.StructType | str | dict[str, Any] | None = None
-                             ) -> tuple[list[AddFile], list[AddCDCFile]]:
+def write_data_and_cdc_files(
+    spark: SparkSession,
+    df: DataFrame,
+    snapshot: Snapshot,
+    *,
+    write_id: str,
+    schema: T.StructType | str | dict[str, Any] | None = None,
+) -> tuple[list[AddFile], list[AddCDCFile]]:
     """Write table rows and Change Data Feed rows in one Spark write: ``df`` has the table's columns plus
     ``_change_type``, NULL on the rows of the new table version. Delta's own ``__is_cdc`` partition: the rows
     are split by it as the first partition column, then the change files move to ``_change_data/<write_id>/``
@@ -292,9 +320,13 @@ def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snaps
     check_no_reserved_cdc_columns(target)
     parts = _partition_types(target, snapshot.partition_columns)
     # Change rows hold table rows as they were or as the data rows hold them: only the data rows are checked.
-    conformed = _conform(df, target, extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)],
-                         constraints=table_constraints(snapshot.metadata),
-                         checked_rows=F.col(CHANGE_TYPE_COL).isNull())
+    conformed = _conform(
+        df,
+        target,
+        extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)],
+        constraints=table_constraints(snapshot.metadata),
+        checked_rows=F.col(CHANGE_TYPE_COL).isNull(),
+    )
     split = conformed.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
     cdc_rel = f"{CHANGE_DATA_DIR}/{write_id}"
     out_dir = os.path.join(snapshot.root, write_id)
@@ -306,8 +338,11 @@ def write_data_and_cdc_files(spark: SparkSession, df: DataFrame, snapshot: Snaps
         _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=true"), cdc_dir)
         _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=false"), out_dir)
         tz = _session_tz(spark)
-        adds = _adds(snapshot, _list_written(snapshot.root, write_id, parts, tz),
-                     T.StructType([f for f in target.fields if f.name not in parts]))
+        adds = _adds(
+            snapshot,
+            _list_written(snapshot.root, write_id, parts, tz),
+            T.StructType([f for f in target.fields if f.name not in parts]),
+        )
         cdcs = _cdcs(_list_written(snapshot.root, cdc_rel, parts, tz))
     except BaseException:
         snapshot.storage.delete(write_id)

@@ -26,8 +26,7 @@ JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
 def upgrade() -> None:
     op.create_table(
         "merge_jobs",
-        sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True,
-                  autoincrement=True),
+        sa.Column("seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
         sa.Column("id", sa.String(26), nullable=False, unique=True),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("phase", sa.String(32), nullable=False),

@@ -28,18 +28,20 @@ def upgrade() -> None:
         # again (``seq`` is a Delta txn version and must never be handed out twice).
         bind = op.get_bind()
         issued = bind.execute(sa.text("SELECT seq FROM sqlite_sequence WHERE name = 'merge_jobs'")).scalar()
-        with op.batch_alter_table("merge_jobs", naming_convention=SQLITE_NAMES,
-                                  table_kwargs={"sqlite_autoincrement": True}) as batch:
+        with op.batch_alter_table(
+            "merge_jobs", naming_convention=SQLITE_NAMES, table_kwargs={"sqlite_autoincrement": True}
+        ) as batch:
             batch.add_column(SCOPE)
             batch.drop_constraint("uq_merge_jobs_idempotency_key", type_="unique")
         if issued is not None:  # the copy knows only the rows still there, not the highest seq ever issued
-            bind.execute(sa.text("UPDATE sqlite_sequence SET seq = max(seq, :issued) WHERE name = 'merge_jobs'"),
-                         {"issued": issued})
+            bind.execute(
+                sa.text("UPDATE sqlite_sequence SET seq = max(seq, :issued) WHERE name = 'merge_jobs'"),
+                {"issued": issued},
+            )
     else:
         op.add_column("merge_jobs", SCOPE)
         op.drop_constraint("merge_jobs_idempotency_key_key", "merge_jobs", type_="unique")
-    op.create_index("ux_merge_jobs_idempotency", "merge_jobs", ["idempotency_scope", "idempotency_key"],
-                    unique=True)
+    op.create_index("ux_merge_jobs_idempotency", "merge_jobs", ["idempotency_scope", "idempotency_key"], unique=True)
 
 
 def downgrade() -> None:

@@ -20,8 +20,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column("merge_jobs", sa.Column("commit_started", sa.Boolean(), nullable=False,
-                                          server_default=sa.false()))
+    op.add_column("merge_jobs", sa.Column("commit_started", sa.Boolean(), nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:

@@ -29,8 +29,10 @@ def _problem(description: str) -> dict[str, Any]:
 
 JOB_HEADERS = {
     "Location": {"description": "The job's URL.", "schema": {"type": "string"}},
-    "Retry-After": {"description": "Seconds to wait before polling again (unfinished jobs).",
-                    "schema": {"type": "string"}},
+    "Retry-After": {
+        "description": "Seconds to wait before polling again (unfinished jobs).",
+        "schema": {"type": "string"},
+    },
 }
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _problem("Missing or wrong bearer token."),
@@ -79,8 +81,7 @@ def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
     summary="Submit a merge",
     responses={
         202: {"description": "Accepted: the job is queued.", "headers": JOB_HEADERS},
-        200: {"model": JobOut, "description": "The job this Idempotency-Key already created.",
-              "headers": JOB_HEADERS},
+        200: {"model": JobOut, "description": "The job this Idempotency-Key already created.", "headers": JOB_HEADERS},
         409: _problem("The Idempotency-Key was used with another body."),
         413: _problem("The body is over the configured limit."),
         422: _problem("The merge cannot be valid; `errors` names the field at fault."),
@@ -93,9 +94,7 @@ def submit_merge(
     manager: ManagerDep,
     roots: RootsDep,
     metrics: MetricsDep,
-    idempotency_key: Annotated[
-        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)
-    ] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)] = None,
 ) -> Response:
     built = build_merge(body, roots)
     stored = body.model_dump(mode="json", by_alias=True)
@@ -133,10 +132,10 @@ def list_merges(
     settings: SettingsDep,
     status: Annotated[Status | None, Query(description="Only jobs with this status.")] = None,
     target: Annotated[str | None, Query(description="Only jobs on this table.", max_length=2048)] = None,
-    limit: Annotated[int, Query(ge=1, description="Page size; larger values are served as the configured "
-                                                  "maximum (200 by default).")] = 50,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.",
-                                        max_length=1024)] = None,
+    limit: Annotated[
+        int, Query(ge=1, description="Page size; larger values are served as the configured maximum (200 by default).")
+    ] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.", max_length=1024)] = None,
 ) -> Response:
     target_key = roots.resolve(target, "target") if target else None
     items, next_cursor = manager.list_jobs(
@@ -168,8 +167,10 @@ def get_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
     response_model=JobOut,
     summary="Cancel a merge job",
     responses={
-        202: {"description": "A queued job is cancelled at once; a running one at its next safe point.",
-              "headers": JOB_HEADERS},
+        202: {
+            "description": "A queued job is cancelled at once; a running one at its next safe point.",
+            "headers": JOB_HEADERS,
+        },
         404: _problem("No job has this id."),
         **COMMON_ERRORS,
     },

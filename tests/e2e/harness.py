@@ -25,8 +25,13 @@ APP_ID = "merge-service-e2e-tests"
 START_TIMEOUT = 120.0  # a worker imports pyspark and opens a Spark Connect session on a busy machine
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float,
-             alive_all: Sequence[subprocess.Popen[bytes]] = (), logs: Sequence[Path] = ()) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    what: str,
+    timeout: float,
+    alive_all: Sequence[subprocess.Popen[bytes]] = (),
+    logs: Sequence[Path] = (),
+) -> None:
     """Poll ``predicate``; fail early, with the processes' logs, if one of ``alive_all`` exits meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -91,8 +96,14 @@ class Home:
         return proc, log_path
 
     def worker(self, name: str, crash_at: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
-        return self.spawn([sys.executable, "-m", "tests.service.proc_worker"], name, RUNNER="engine",
-                          LEDGER_DIR=str(self.markers), CRASH_AT=json.dumps(crash_at or {}), STOP_TIMEOUT="20")
+        return self.spawn(
+            [sys.executable, "-m", "tests.service.proc_worker"],
+            name,
+            RUNNER="engine",
+            LEDGER_DIR=str(self.markers),
+            CRASH_AT=json.dumps(crash_at or {}),
+            STOP_TIMEOUT="20",
+        )
 
     def close(self) -> None:
         for proc, _ in self.procs:

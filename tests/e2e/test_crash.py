@@ -59,11 +59,16 @@ def jobs(home: Home) -> Iterator[JobManager]:
 
 
 def create_table(path: Path) -> None:
-    write_deltalake(str(path), pa.table({
-        "id": pa.array([1, 2, 3], pa.int64()),
-        "name": ["Ann", "Bob", "Cid"],
-        "n": pa.array([0, 0, 0], pa.int64()),
-    }))
+    write_deltalake(
+        str(path),
+        pa.table(
+            {
+                "id": pa.array([1, 2, 3], pa.int64()),
+                "name": ["Ann", "Bob", "Cid"],
+                "n": pa.array([0, 0, 0], pa.int64()),
+            }
+        ),
+    )
 
 
 def upsert(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -101,8 +106,13 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     their leases expire. (The five crash scenarios run side by side to keep the module within minutes.)"""
     home = open_home(tmp_path_factory.mktemp("crash"), spark_remote)
     jobs = job_store(home)
-    settings = Settings(database_url=home.database_url, lake_roots=[str(home.lake)], app_id=APP_ID,
-                        lease_seconds=home.lease_seconds, heartbeat_seconds=0.3)
+    settings = Settings(
+        database_url=home.database_url,
+        lake_roots=[str(home.lake)],
+        app_id=APP_ID,
+        lease_seconds=home.lease_seconds,
+        heartbeat_seconds=0.3,
+    )
     api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
     try:
         ids: dict[str, str] = {}
@@ -110,16 +120,22 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         for point in CRASH_POINTS:
             table = home.lake / point
             create_table(table)
-            response = api.post("/merges", json=upsert(table, [{"id": 2, "name": "Bea", "n": 1},
-                                                               {"id": 4, "name": "Dan", "n": 1}]))
+            response = api.post(
+                "/merges", json=upsert(table, [{"id": 2, "name": "Bea", "n": 1}, {"id": 4, "name": "Dan", "n": 1}])
+            )
             assert response.status_code == 202, response.text
             ids[point] = response.json()["id"]
             crash_at[jobs.get(ids[point]).target_key] = point
 
         doomed = [home.worker(f"doomed-{i}", crash_at=crash_at) for i in range(len(CRASH_POINTS))]
         markers = [home.markers / f"{ids[point]}.{point}" for point in CRASH_POINTS]
-        wait_for(lambda: all(m.exists() for m in markers), "every worker parked at its crash point",
-                 START_TIMEOUT + 60, alive_all=[p for p, _ in doomed], logs=[log for _, log in doomed])
+        wait_for(
+            lambda: all(m.exists() for m in markers),
+            "every worker parked at its crash point",
+            START_TIMEOUT + 60,
+            alive_all=[p for p, _ in doomed],
+            logs=[log for _, log in doomed],
+        )
         parked = {point: jobs.get(ids[point]) for point in CRASH_POINTS}
         versions = {point: DeltaTable(str(home.lake / point)).version() for point in CRASH_POINTS}
         txns = {point: txn_of(home.lake / point, 1) if versions[point] >= 1 else None for point in CRASH_POINTS}
@@ -130,11 +146,22 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             assert proc.wait(timeout=30) == -signal.SIGKILL
 
         rescuers = [home.worker(f"rescuer-{i}") for i in range(2)]
-        wait_for(lambda: all(jobs.get(i).finished for i in ids.values()), "every job finished after the crash",
-                 JOB_TIMEOUT, alive_all=[p for p, _ in rescuers], logs=[log for _, log in rescuers])
+        wait_for(
+            lambda: all(jobs.get(i).finished for i in ids.values()),
+            "every job finished after the crash",
+            JOB_TIMEOUT,
+            alive_all=[p for p, _ in rescuers],
+            logs=[log for _, log in rescuers],
+        )
         yield {
-            point: Crash(point=point, table=home.lake / point, parked=parked[point], parked_version=versions[point],
-                         parked_txn=txns[point], job=jobs.get(ids[point]))
+            point: Crash(
+                point=point,
+                table=home.lake / point,
+                parked=parked[point],
+                parked_version=versions[point],
+                parked_txn=txns[point],
+                job=jobs.get(ids[point]),
+            )
             for point in CRASH_POINTS
         }
     finally:
@@ -163,20 +190,21 @@ def test_sigkill_at_each_crash_point_applies_the_merge_exactly_once(point: str, 
     assert job.table_version == 1
     assert job.error is None
     assert_merged_once(crash.table, [job])
-    assert table_rows(crash.table) == {"id": [1, 2, 3, 4], "name": ["Ann", "Bea", "Cid", "Dan"],
-                                       "n": [0, 1, 0, 1]}
+    assert table_rows(crash.table) == {"id": [1, 2, 3, 4], "name": ["Ann", "Bea", "Cid", "Dan"], "n": [0, 1, 0, 1]}
     commit = DeltaTable(str(crash.table)).history(1)[0]
     assert commit["operationMetrics"]["numTargetRowsUpdated"] == "1"
     assert commit["operationMetrics"]["numTargetRowsInserted"] == "1"
     # After a crash past the commit, the retry reads the result back from the commit it finds.
-    assert job.result == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
-                          "num_inserted_rows": 1}
+    assert job.result == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0, "num_inserted_rows": 1}
 
 
 def serve(home: Home, name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = free_port()
-    proc, log = home.spawn([str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)], name,
-                           MERGE_SERVICE_WORKERS="1")
+    proc, log = home.spawn(
+        [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        name,
+        MERGE_SERVICE_WORKERS="1",
+    )
     base = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -197,13 +225,21 @@ def test_restart_with_one_job_running_and_two_queued(home: Home, jobs: JobManage
     first, base, first_log = serve(home, "serve-1")
     ids = []
     for k in (1, 2, 3):  # each job sets row 1's n to k and adds row 10+k: the final row 1 tells the order
-        response = httpx.post(f"{base}/merges", timeout=30, json=upsert(
-            table, [{"id": 1, "name": f"Ann{k}", "n": k}, {"id": 10 + k, "name": f"New{k}", "n": k}]))
+        response = httpx.post(
+            f"{base}/merges",
+            timeout=30,
+            json=upsert(table, [{"id": 1, "name": f"Ann{k}", "n": k}, {"id": 10 + k, "name": f"New{k}", "n": k}]),
+        )
         assert response.status_code == 202, response.text
         ids.append(response.json()["id"])
 
-    wait_for(lambda: jobs.get(ids[0]).status is Status.RUNNING, "the first job runs", START_TIMEOUT,
-             alive_all=[first], logs=[first_log])
+    wait_for(
+        lambda: jobs.get(ids[0]).status is Status.RUNNING,
+        "the first job runs",
+        START_TIMEOUT,
+        alive_all=[first],
+        logs=[first_log],
+    )
     before = [jobs.get(i) for i in ids]
     assert [j.status for j in before[1:]] == [Status.QUEUED, Status.QUEUED], before
     first.send_signal(signal.SIGTERM)
@@ -213,13 +249,21 @@ def test_restart_with_one_job_running_and_two_queued(home: Home, jobs: JobManage
     assert [j.status for j in stopped[1:]] == [Status.QUEUED, Status.QUEUED], "a stopping service claims nothing"
 
     second, _, second_log = serve(home, "serve-2")
-    wait_for(lambda: all(jobs.get(i).finished for i in ids), "all jobs finished after the restart", JOB_TIMEOUT,
-             alive_all=[second], logs=[second_log])
+    wait_for(
+        lambda: all(jobs.get(i).finished for i in ids),
+        "all jobs finished after the restart",
+        JOB_TIMEOUT,
+        alive_all=[second],
+        logs=[second_log],
+    )
 
     done = [jobs.get(i) for i in ids]
     assert [j.seq for j in done] == sorted(j.seq for j in done)
     assert_merged_once(table, done)
     assert [j.started_at for j in done] == sorted(j.started_at for j in done)  # type: ignore[type-var]
     data = table_rows(table)
-    assert data == {"id": [1, 2, 3, 11, 12, 13], "name": ["Ann3", "Bob", "Cid", "New1", "New2", "New3"],
-                    "n": [3, 0, 0, 1, 2, 3]}
+    assert data == {
+        "id": [1, 2, 3, 11, 12, 13],
+        "name": ["Ann3", "Bob", "Cid", "New1", "New2", "New3"],
+        "n": [3, 0, 0, 1, 2, 3],
+    }

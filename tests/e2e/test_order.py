@@ -107,8 +107,9 @@ def running_owners(manager: JobManager) -> set[str]:
 
 def count_finished(manager: JobManager) -> int:
     with manager.engine.connect() as conn:
-        return int(conn.execute(select(func.count()).where(
-            jobs_table.c.status.in_([s.value for s in TERMINAL]))).scalar_one())
+        return int(
+            conn.execute(select(func.count()).where(jobs_table.c.status.in_([s.value for s in TERMINAL]))).scalar_one()
+        )
 
 
 def holds_a_job(proc: subprocess.Popen[bytes], owners: set[str]) -> bool:
@@ -123,8 +124,13 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
     tables = [home.lake / f"t{k}" for k in range(TABLES)]
     for table in tables:
         create_table(table)
-    settings = Settings(database_url=home.database_url, lake_roots=[str(home.lake)], app_id=APP_ID,
-                        lease_seconds=home.lease_seconds, heartbeat_seconds=0.3)
+    settings = Settings(
+        database_url=home.database_url,
+        lake_roots=[str(home.lake)],
+        app_id=APP_ID,
+        lease_seconds=home.lease_seconds,
+        heartbeat_seconds=0.3,
+    )
     api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
     first = [home.worker(f"worker-{n}") for n in range(WORKERS)]
 
@@ -139,8 +145,13 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
         indexes[k].append(index)
 
     logs = [log for _, log in first]
-    wait_for(lambda: count_finished(jobs) >= JOBS // 3, "a third of the jobs finished", START_TIMEOUT + 120,
-             alive_all=[p for p, _ in first], logs=logs)
+    wait_for(
+        lambda: count_finished(jobs) >= JOBS // 3,
+        "a third of the jobs finished",
+        START_TIMEOUT + 120,
+        alive_all=[p for p, _ in first],
+        logs=logs,
+    )
     # A crash and a graceful stop, each of a worker that holds a running job when it goes.
     busy: list[subprocess.Popen[bytes]] = []
 

@@ -36,8 +36,13 @@ def service(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     }
     subprocess.run([str(BIN / "merge-service"), "migrate"], env=env, check=True, cwd=home, timeout=120)
     log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen([str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=home,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -71,12 +76,18 @@ def wait_for(base: str, job_id: str, timeout: float = 180) -> dict[str, Any]:
 def test_upsert_end_to_end(service: dict[str, Any]) -> None:
     base, lake = service["base"], service["lake"]
     table = lake / "customers"
-    write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ann", "Bob", "Cid"],
-                                          "tier": ["free", "free", "gold"]}))
+    write_deltalake(
+        str(table),
+        pa.table(
+            {"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ann", "Bob", "Cid"], "tier": ["free", "free", "gold"]}
+        ),
+    )
     body = {
         "target": str(table),
-        "source": {"rows": [{"id": 2, "name": "Bea", "tier": "gold"}, {"id": 4, "name": "Dan", "tier": "silver"}],
-                   "schema": "id BIGINT, name STRING, tier STRING"},
+        "source": {
+            "rows": [{"id": 2, "name": "Bea", "tier": "gold"}, {"id": 4, "name": "Dan", "tier": "silver"}],
+            "schema": "id BIGINT, name STRING, tier STRING",
+        },
         "target_alias": "t",
         "source_alias": "s",
         "on": "t.id = s.id",
@@ -90,8 +101,12 @@ def test_upsert_end_to_end(service: dict[str, Any]) -> None:
     job = wait_for(base, job_id)
     assert job["status"] == "succeeded", job
     assert job["table_version"] == 1
-    assert job["result"] == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
-                             "num_inserted_rows": 1}
+    assert job["result"] == {
+        "num_affected_rows": 2,
+        "num_updated_rows": 1,
+        "num_deleted_rows": 0,
+        "num_inserted_rows": 1,
+    }
     assert job["metrics"]["numSourceRows"] == 2
     assert job["metrics"]["numTargetRowsInserted"] == 1
     assert job["metrics"]["numTargetRowsMatchedUpdated"] == 1
@@ -99,8 +114,11 @@ def test_upsert_end_to_end(service: dict[str, Any]) -> None:
     dt = DeltaTable(str(table))
     assert dt.version() == 1
     data = dt.to_pyarrow_table().sort_by("id").to_pydict()
-    assert data == {"id": [1, 2, 3, 4], "name": ["Ann", "Bea", "Cid", "Dan"],
-                    "tier": ["free", "gold", "gold", "silver"]}
+    assert data == {
+        "id": [1, 2, 3, 4],
+        "name": ["Ann", "Bea", "Cid", "Dan"],
+        "tier": ["free", "gold", "gold", "silver"],
+    }
     commit = dt.history(1)[0]
     assert commit["operation"] == "MERGE"
     metrics = commit["operationMetrics"]
@@ -130,8 +148,12 @@ def test_missing_target_fails_with_a_clear_error(service: dict[str, Any]) -> Non
 
 def test_invalid_body_is_422_problem_naming_the_field(service: dict[str, Any]) -> None:
     base = service["base"]
-    body = {"target": str(service["lake"] / "customers"), "source": {"rows": [{"id": 1}]},
-            "on": "target.id = source.id", "when_matched": [{"action": "explode"}]}
+    body = {
+        "target": str(service["lake"] / "customers"),
+        "source": {"rows": [{"id": 1}]},
+        "on": "target.id = source.id",
+        "when_matched": [{"action": "explode"}],
+    }
     response = httpx.post(f"{base}/merges", json=body, timeout=10)
     assert response.status_code == 422
     assert response.headers["content-type"].startswith("application/problem+json")
@@ -145,16 +167,20 @@ def test_a_broken_check_constraint_fails_the_job_and_keeps_the_table(service: di
     table = lake / "balances"
     write_deltalake(str(table), pa.table({"id": pa.array([1, 2], pa.int64()), "balance": pa.array([5, 9], pa.int64())}))
     DeltaTable(str(table)).alter.add_constraint({"balance_nonneg": "balance >= 0"})
-    body = {"target": str(table), "source": {"rows": [{"id": 2, "delta": -4}, {"id": 1, "delta": -6}],
-                                             "schema": "id BIGINT, delta BIGINT"},
-            "on": "target.id = source.id",
-            "when_matched": [{"action": "update", "set": {"balance": "target.balance + source.delta"}}]}
+    body = {
+        "target": str(table),
+        "source": {"rows": [{"id": 2, "delta": -4}, {"id": 1, "delta": -6}], "schema": "id BIGINT, delta BIGINT"},
+        "on": "target.id = source.id",
+        "when_matched": [{"action": "update", "set": {"balance": "target.balance + source.delta"}}],
+    }
     job = wait_for(base, httpx.post(f"{base}/merges", json=body, timeout=10).json()["id"])
     assert job["status"] == "failed"
     assert job["error"]["type"] == "urn:merge-service:problem:invariant-violation"
     assert job["error"]["status"] == 422
-    assert job["error"]["detail"] == ("[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint balance_nonneg "
-                                      "(balance >= 0) violated by row with values:\n - balance : -1")
+    assert job["error"]["detail"] == (
+        "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint balance_nonneg "
+        "(balance >= 0) violated by row with values:\n - balance : -1"
+    )
     assert job["table_version"] is None
     assert DeltaTable(str(table)).version() == 1  # the constraint's own commit; the merge added none
     body["source"]["rows"] = [{"id": 2, "delta": -4}]

@@ -30,10 +30,16 @@ from engine import (
 COUNTS = ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")
 
 
-def write_table(path: Path, data: pa.Table, *, partition_by: Sequence[str] | None = None,
-                configuration: dict[str, str] | None = None) -> Path:
-    write_deltalake(str(path), data, partition_by=list(partition_by) if partition_by else None,
-                    configuration=configuration)
+def write_table(
+    path: Path,
+    data: pa.Table,
+    *,
+    partition_by: Sequence[str] | None = None,
+    configuration: dict[str, str] | None = None,
+) -> Path:
+    write_deltalake(
+        str(path), data, partition_by=list(partition_by) if partition_by else None, configuration=configuration
+    )
     return path
 
 
@@ -103,9 +109,16 @@ def oracle_merge(target: Path, source: pa.Table, on: str, clauses: Sequence[Merg
     }
 
 
-def differential(spark: SparkSession, tmp: Path, target_data: pa.Table, source_data: pa.Table, on: str,
-                 clauses: Sequence[MergeClause], *, partition_by: Sequence[str] | None = None,
-                 ) -> tuple[MergeResult, dict[str, int], Path, Path]:
+def differential(
+    spark: SparkSession,
+    tmp: Path,
+    target_data: pa.Table,
+    source_data: pa.Table,
+    on: str,
+    clauses: Sequence[MergeClause],
+    *,
+    partition_by: Sequence[str] | None = None,
+) -> tuple[MergeResult, dict[str, int], Path, Path]:
     """The same merge on two copies of one table; answers both results and both table paths."""
     ours = write_table(tmp / "ours", target_data, partition_by=partition_by)
     theirs = tmp / "theirs"
@@ -125,8 +138,7 @@ def stray_files(table: Path) -> set[str]:
             for kind in ("add", "cdc"):
                 if kind in action:
                     added.add(unquote(action[kind]["path"]))
-    return {str(p.relative_to(table)) for p in table.rglob("*.parquet")
-            if "_delta_log" not in p.parts} - added
+    return {str(p.relative_to(table)) for p in table.rglob("*.parquet") if "_delta_log" not in p.parts} - added
 
 
 FindPlan = Literal["source_keys", "target_rows", "single_pass"]
@@ -140,8 +152,9 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
     candidate file left untouched) and its fallback are exercised too."""
     stack = ExitStack()
     if plan == "single_pass":
-        stack.enter_context(patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched",
-                                         lambda self, keyed: True))
+        stack.enter_context(
+            patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched", lambda self, keyed: True)
+        )
         return stack
     stack.enter_context(patch.object(executors.ClassicMergeExecutor, "takes_single_pass", lambda self: False))
     if plan == "target_rows":

@@ -40,8 +40,14 @@ def changes(path: Path, columns: Sequence[str]) -> list[tuple[Any, ...]]:
     return sorted(zip(*values, strict=True), key=lambda r: tuple((v is not None, str(v)) for v in r))
 
 
-def both(spark: SparkSession, tmp: Path, target: pa.Table, source: pa.Table, clauses: Sequence[Any],
-         partition_by: Sequence[str] | None = None) -> tuple[Any, Path, Path]:
+def both(
+    spark: SparkSession,
+    tmp: Path,
+    target: pa.Table,
+    source: pa.Table,
+    clauses: Sequence[Any],
+    partition_by: Sequence[str] | None = None,
+) -> tuple[Any, Path, Path]:
     ours = write_table(tmp / "ours", target, partition_by=partition_by, configuration=CDF)
     theirs = tmp / "theirs"
     shutil.copytree(ours, theirs)
@@ -91,8 +97,13 @@ def test_update_writes_pre_and_post_images(spark: SparkSession, tmp_path: Path) 
 
 def test_delete_only_multiple_matches_yield_one_delete_row(spark: SparkSession, tmp_path: Path) -> None:
     ours = write_table(tmp_path / "t", TARGET, configuration=CDF)
-    dup = pa.table({"id": pa.array([2, 2, 2, 3, 9], pa.int64()), "v": ["x", "y", "z", "w", "q"],
-                    "n": pa.array([1, 2, 3, 4, 5], pa.int64())})
+    dup = pa.table(
+        {
+            "id": pa.array([2, 2, 2, 3, 9], pa.int64()),
+            "v": ["x", "y", "z", "w", "q"],
+            "n": pa.array([1, 2, 3, 4, 5], pa.int64()),
+        }
+    )
     src = write_table(tmp_path / "s", dup)
     clauses = [clause("matched", "delete"), clause("notMatched", "insert_all")]
     with join_plan(broadcast=True):
@@ -120,8 +131,9 @@ def test_random_change_rows_match_deltalake(spark: SparkSession, tmp_path: Path,
         return  # deltalake has no multiple-match rule; the hand-written case above covers it
     root = tmp_path / f"cdf{len(list(tmp_path.iterdir()))}"
     partition_by = ["p"] if case["partitioned"] else None
-    ours = write_table(root / "ours", to_arrow(target_rows, columns, types), partition_by=partition_by,
-                       configuration=CDF)
+    ours = write_table(
+        root / "ours", to_arrow(target_rows, columns, types), partition_by=partition_by, configuration=CDF
+    )
     theirs = root / "theirs"
     shutil.copytree(ours, theirs)
     source_arrow = to_arrow(source_rows, columns, types)
@@ -141,8 +153,13 @@ def test_schema_evolution_with_change_data(spark: SparkSession, tmp_path: Path) 
     ours = write_table(tmp_path / "t", TARGET, configuration=CDF)
     wider = SOURCE.append_column("extra", pa.array(["x", "y", "z"]))
     src = write_table(tmp_path / "s", wider)
-    spec = make_spec(ours, src, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-                     schema_evolution=True)
+    spec = make_spec(
+        ours,
+        src,
+        "t.id = s.id",
+        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+        schema_evolution=True,
+    )
     result = run_merge(spark, spec)
     assert result.table_version == 1
     got = changes(ours, ["id", "v", "extra"])
@@ -158,8 +175,13 @@ def test_reserved_change_data_column_fails_and_leaves_table(spark: SparkSession,
     before = sorted(p.name for p in ours.rglob("*"))
     wider = SOURCE.append_column("_change_type", pa.array(["x", "y", "z"]))
     src = write_table(tmp_path / "s", wider)
-    spec = make_spec(ours, src, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-                     schema_evolution=True)
+    spec = make_spec(
+        ours,
+        src,
+        "t.id = s.id",
+        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+        schema_evolution=True,
+    )
     with pytest.raises(SchemaMismatchError, match=r"reserved columns \['_change_type'\].*Change Data Feed"):
         run_merge(spark, spec)
     assert sorted(p.name for p in ours.rglob("*")) == before

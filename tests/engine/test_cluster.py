@@ -24,12 +24,18 @@ def test_the_cluster_runs_tasks_in_an_executor(cluster_spark: SparkSession) -> N
 
 @pytest.mark.parametrize("name", ["upsert", "conditional_update_and_delete", "insert_only", "everything"])
 @pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
-def test_matches_deltalake_on_a_cluster(cluster_spark: SparkSession, tmp_path: Path, name: str,
-                                        partitioned: bool) -> None:
+def test_matches_deltalake_on_a_cluster(
+    cluster_spark: SparkSession, tmp_path: Path, name: str, partitioned: bool
+) -> None:
     target = TARGET.append_column("p", pa.array(["x", "y", "x", "y"])) if partitioned else TARGET
     source = SOURCE.append_column("p", pa.array(["y", "x", "x"])) if partitioned else SOURCE
     result, expected, ours, theirs = differential(
-        cluster_spark, tmp_path, target, source, "t.id = s.id", CASES[name],
+        cluster_spark,
+        tmp_path,
+        target,
+        source,
+        "t.id = s.id",
+        CASES[name],
         partition_by=["p"] if partitioned else None,
     )
     assert {k: result.result[k] for k in COUNTS} == expected

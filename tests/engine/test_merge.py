@@ -27,10 +27,16 @@ from tests.engine.harness import (
     write_table,
 )
 
-TARGET = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": pa.array(["a", "b", "c", "d"]),
-                   "n": pa.array([10, 20, 30, None], pa.int64())})
-SOURCE = pa.table({"id": pa.array([2, 3, 5], pa.int64()), "v": pa.array(["B", "C", "E"]),
-                   "n": pa.array([200, None, 500], pa.int64())})
+TARGET = pa.table(
+    {
+        "id": pa.array([1, 2, 3, 4], pa.int64()),
+        "v": pa.array(["a", "b", "c", "d"]),
+        "n": pa.array([10, 20, 30, None], pa.int64()),
+    }
+)
+SOURCE = pa.table(
+    {"id": pa.array([2, 3, 5], pa.int64()), "v": pa.array(["B", "C", "E"]), "n": pa.array([200, None, 500], pa.int64())}
+)
 
 CASES = {
     "upsert": [clause("matched", "update_all"), clause("notMatched", "insert_all")],
@@ -108,8 +114,12 @@ def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None
     source = write_table(tmp_path / "s", SOURCE)
     result = run_merge(spark, make_spec(target, source, "t.id = s.id", CASES["upsert"]))
     m = result.metrics
-    assert result.result == {"num_affected_rows": 3, "num_updated_rows": 2, "num_deleted_rows": 0,
-                             "num_inserted_rows": 1}
+    assert result.result == {
+        "num_affected_rows": 3,
+        "num_updated_rows": 2,
+        "num_deleted_rows": 0,
+        "num_inserted_rows": 1,
+    }
     assert m["numTargetRowsMatchedUpdated"] == 2
     assert m["numTargetRowsCopied"] == 2  # ids 1 and 4 share the one touched file
     assert m["numTargetFilesRemoved"] == 1
@@ -124,8 +134,9 @@ def test_upsert_metrics_are_delta_s(spark: SparkSession, tmp_path: Path) -> None
 @pytest.mark.parametrize("plan", ["single_pass", "source_keys", "target_rows"])
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
 @pytest.mark.parametrize("name", ["update_only", "upsert"])
-def test_second_scan_counts_every_source_row(spark: SparkSession, tmp_path: Path, plan: FindPlan, broadcast: bool,
-                                             name: str) -> None:
+def test_second_scan_counts_every_source_row(
+    spark: SparkSession, tmp_path: Path, plan: FindPlan, broadcast: bool, name: str
+) -> None:
     """numSourceRowsInSecondScan is every source row writeAllChanges reads, as Delta counts it on the join's
     source side: a matched-only merge's right outer join drops the source row matching none (id 5), yet it
     was read."""
@@ -138,13 +149,18 @@ def test_second_scan_counts_every_source_row(spark: SparkSession, tmp_path: Path
     assert result.metrics["numTargetRowsUpdated"] == 2
 
 
-@pytest.mark.parametrize("clauses", [
-    [clause("matched", "update", "s.n > 1", v="s.v")],
-    [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")],
-], ids=["conditional_update", "upsert"])
+@pytest.mark.parametrize(
+    "clauses",
+    [
+        [clause("matched", "update", "s.n > 1", v="s.v")],
+        [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")],
+    ],
+    ids=["conditional_update", "upsert"],
+)
 @pytest.mark.parametrize("plan", ["source_keys", "target_rows", "single_pass"])
-def test_multiple_matches_fail_and_name_the_keys(spark: SparkSession, tmp_path: Path, clauses: list,
-                                                 plan: FindPlan) -> None:
+def test_multiple_matches_fail_and_name_the_keys(
+    spark: SparkSession, tmp_path: Path, clauses: list, plan: FindPlan
+) -> None:
     target = write_table(tmp_path / "t", TARGET)
     dup = pa.table({"id": pa.array([2, 2, 3], pa.int64()), "v": ["x", "y", "z"], "n": pa.array([1, 2, 3], pa.int64())})
     source = write_table(tmp_path / "s", dup)
@@ -160,16 +176,21 @@ def test_multiple_matches_fail_and_name_the_keys(spark: SparkSession, tmp_path: 
 
 @pytest.mark.parametrize("broadcast", [True, False], ids=["broadcast", "shuffle"])
 @pytest.mark.parametrize("plan", ["source_keys", "target_rows", "single_pass"])
-def test_duplicate_keys_on_excludes_are_no_multiple_match(spark: SparkSession, tmp_path: Path,
-                                                          plan: FindPlan, broadcast: bool) -> None:
+def test_duplicate_keys_on_excludes_are_no_multiple_match(
+    spark: SparkSession, tmp_path: Path, plan: FindPlan, broadcast: bool
+) -> None:
     """Source rows that fail a source-only conjunct of ON match nothing: they are inserted, never counted as a
     second match of the target row their key names."""
-    dup = pa.table({"id": pa.array([2, 2, 3, None], pa.int64()), "v": ["x", "y", "z", "w"],
-                    "n": pa.array([1, 5, 0, 7], pa.int64())})
+    dup = pa.table(
+        {
+            "id": pa.array([2, 2, 3, None], pa.int64()),
+            "v": ["x", "y", "z", "w"],
+            "n": pa.array([1, 5, 0, 7], pa.int64()),
+        }
+    )
     clauses = [clause("matched", "update", v="s.v"), clause("notMatched", "insert_all")]
     with find_plan(plan), join_plan(broadcast=broadcast):
-        result, expected, ours, theirs = differential(spark, tmp_path, TARGET, dup, "t.id = s.id AND s.n > 1",
-                                                      clauses)
+        result, expected, ours, theirs = differential(spark, tmp_path, TARGET, dup, "t.id = s.id AND s.n > 1", clauses)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert expected == {"num_updated_rows": 1, "num_deleted_rows": 0, "num_inserted_rows": 3}
     assert rows(ours) == rows(theirs)
@@ -218,27 +239,50 @@ def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) 
         run_merge(spark, make_spec(tmp_path / "missing", source, "t.id = s.id", CASES["upsert"]))
 
 
-@pytest.mark.parametrize("on", ["t.id = s.id", "t.id = s.id AND s.n > 0", "s.id = t.id AND t.v <> 'x'"],
-                         ids=["key", "source_conjunct", "target_conjunct"])
-@pytest.mark.parametrize(("plan", "unmatched"), [("single_pass", "held"), ("single_pass", "semi"),
-                                                 ("source_keys", "held"), ("insert_only", "held"),
-                                                 ("insert_only", "semi")])
-def test_key_bitmap_answers_as_the_plain_probe(spark: SparkSession, tmp_path: Path, on: str,
-                                                plan: FindPlan | Literal["insert_only"],
-                                                unmatched: KeyBitmapPlan) -> None:
+@pytest.mark.parametrize(
+    "on",
+    ["t.id = s.id", "t.id = s.id AND s.n > 0", "s.id = t.id AND t.v <> 'x'"],
+    ids=["key", "source_conjunct", "target_conjunct"],
+)
+@pytest.mark.parametrize(
+    ("plan", "unmatched"),
+    [
+        ("single_pass", "held"),
+        ("single_pass", "semi"),
+        ("source_keys", "held"),
+        ("insert_only", "held"),
+        ("insert_only", "semi"),
+    ],
+)
+def test_key_bitmap_answers_as_the_plain_probe(
+    spark: SparkSession, tmp_path: Path, on: str, plan: FindPlan | Literal["insert_only"], unmatched: KeyBitmapPlan
+) -> None:
     """Target rows whose bit is clear skip the probe into the broadcast source, and the source rows matching
     no target row are found through the bitmap too. Keys that share a bit with a source key (k and k + 2**16),
     negative keys and NULL keys must come out as the plain join has them; an INT target key meets a BIGINT
     source key."""
     bits = 1 << 16
     target_ids = [1, 2, 1 + bits, 2 + 3 * bits, -1, -1 - bits, None, 40, 41]
-    target = pa.table({"id": pa.array(target_ids, pa.int32()), "v": [f"v{i}" for i in range(len(target_ids))],
-                       "n": pa.array(range(len(target_ids)), pa.int64())})
-    source = pa.table({"id": pa.array([1, 2, -1, None, 7, 40, 3 + bits], pa.int64()),
-                       "v": ["a", "b", "c", "d", "e", "x", "f"], "n": pa.array([1, 0, 5, 2, 3, 4, 6], pa.int64())})
+    target = pa.table(
+        {
+            "id": pa.array(target_ids, pa.int32()),
+            "v": [f"v{i}" for i in range(len(target_ids))],
+            "n": pa.array(range(len(target_ids)), pa.int64()),
+        }
+    )
+    source = pa.table(
+        {
+            "id": pa.array([1, 2, -1, None, 7, 40, 3 + bits], pa.int64()),
+            "v": ["a", "b", "c", "d", "e", "x", "f"],
+            "n": pa.array([1, 0, 5, 2, 3, 4, 6], pa.int64()),
+        }
+    )
     insert = clause("notMatched", "insert", "s.id IS NOT NULL", id="s.id", v="s.v", n="s.n")
-    clauses = [insert] if plan == "insert_only" else [
-        clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
+    clauses = (
+        [insert]
+        if plan == "insert_only"
+        else [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
+    )
     built: list[executors.KeyBitmap] = []
     routes: list[str] = []
     real_bitmap, real_held = executors.key_bitmap_of, executors.source_rows_matching_no_held_key
@@ -256,11 +300,13 @@ def test_key_bitmap_answers_as_the_plain_probe(spark: SparkSession, tmp_path: Pa
         routes.append("pairs")
         return real_pairs(*args, **kwargs)
 
-    with find_plan("source_keys" if plan == "insert_only" else plan), \
-            join_plan(broadcast=True, key_bitmap=unmatched), \
-            patch.object(executors, "key_bitmap_of", spy_bitmap), \
-            patch.object(executors, "source_rows_matching_no_held_key", spy_held), \
-            patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs):
+    with (
+        find_plan("source_keys" if plan == "insert_only" else plan),
+        join_plan(broadcast=True, key_bitmap=unmatched),
+        patch.object(executors, "key_bitmap_of", spy_bitmap),
+        patch.object(executors, "source_rows_matching_no_held_key", spy_held),
+        patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs),
+    ):
         result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
     assert [b.bits for b in built] == [bits]
     assert built[0].keys == 6 and built[0].held_fraction == 6 / bits

@@ -39,10 +39,16 @@ TYPES: dict[str, tuple[pa.DataType, st.SearchStrategy[Any], Callable[[Any], str]
     "long": (pa.int64(), st.integers(-5, 5), lambda v: str(v)),
     "string": (pa.string(), st.sampled_from(["a", "b", "", "zz"]), lambda v: f"'{v}'"),
     "double": (pa.float64(), st.sampled_from([0.5, -1.25, 3.0]), lambda v: repr(v)),
-    "date": (pa.date32(), st.sampled_from([dt.date(2024, 1, 1), dt.date(1999, 12, 31)]),
-             lambda v: f"DATE '{v.isoformat()}'"),
-    "decimal": (pa.decimal128(10, 2), st.sampled_from([decimal.Decimal("1.50"), decimal.Decimal("-2.25")]),
-                lambda v: f"CAST('{v}' AS DECIMAL(10,2))"),
+    "date": (
+        pa.date32(),
+        st.sampled_from([dt.date(2024, 1, 1), dt.date(1999, 12, 31)]),
+        lambda v: f"DATE '{v.isoformat()}'",
+    ),
+    "decimal": (
+        pa.decimal128(10, 2),
+        st.sampled_from([decimal.Decimal("1.50"), decimal.Decimal("-2.25")]),
+        lambda v: f"CAST('{v}' AS DECIMAL(10,2))",
+    ),
     "bool": (pa.bool_(), st.booleans(), lambda v: "true" if v else "false"),
 }
 
@@ -72,8 +78,11 @@ def conditions(value_col: str) -> list[Cond]:
         Cond(f"s.{value_col} IS NULL", "source", lambda t, s: s[value_col] is None),  # type: ignore[index]
         Cond("t.k < 3", "target", lambda t, s: _cmp(t["k"], 3, "<")),  # type: ignore[index]
         Cond(f"t.{value_col} IS NOT NULL", "target", lambda t, s: t[value_col] is not None),  # type: ignore[index]
-        Cond("t.k = s.k AND s.k % 2 = 0", "both",
-             lambda t, s: None if s["k"] is None else (t["k"] == s["k"] and s["k"] % 2 == 0)),  # type: ignore[index]
+        Cond(
+            "t.k = s.k AND s.k % 2 = 0",
+            "both",
+            lambda t, s: None if s["k"] is None else (t["k"] == s["k"] and s["k"] % 2 == 0),
+        ),  # type: ignore[index]
     ]
 
 
@@ -132,9 +141,14 @@ def skippable_rows(target: list[Row], clauses: list[ModelClause], partitioned: b
     return {i for rows_ in files.values() if not any(may_act(target[j]) for j in rows_) for i in rows_}
 
 
-def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause],
-                columns: list[str], on: On = ONS[0], skipped: frozenset[int] = frozenset()
-                ) -> tuple[list[Row], dict[str, int]]:
+def model_merge(
+    target: list[Row],
+    source: list[Row],
+    clauses: list[ModelClause],
+    columns: list[str],
+    on: On = ONS[0],
+    skipped: frozenset[int] = frozenset(),
+) -> tuple[list[Row], dict[str, int]]:
     """The merge by Delta's rules; ``skipped`` are target rows taken as left out by data skipping (see
     skippable_rows): their multiple matches go unseen, and no clause acts on them."""
     matched = [c for c in clauses if c.kind == "matched"]
@@ -143,8 +157,11 @@ def model_merge(target: list[Row], source: list[Row], clauses: list[ModelClause]
     insert_only = not matched and not nmbs
     matches = {i: [s for s in source if on.fn(t, s)] for i, t in enumerate(target)}
     only_unconditional_delete = len(matched) == 1 and matched[0].action == "delete" and matched[0].cond is None
-    if (not insert_only and any(len(m) > 1 for i, m in matches.items() if i not in skipped)
-            and not only_unconditional_delete):
+    if (
+        not insert_only
+        and any(len(m) > 1 for i, m in matches.items() if i not in skipped)
+        and not only_unconditional_delete
+    ):
         raise ModelMultipleMatch
     for i in skipped:
         matches[i] = matches[i][:1]  # one pass through the clauses, none of which acts on the row
@@ -252,9 +269,11 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
         return result
 
     # Clause groups are independent of each other; only the order within a group matters.
-    groups = [group("matched", ["update_all", "update", "delete"], {"source", "target", "both"}),
-              group("notMatched", ["insert_all", "insert"], {"source"}),
-              group("notMatchedBySource", ["update", "delete"], {"target"})]
+    groups = [
+        group("matched", ["update_all", "update", "delete"], {"source", "target", "both"}),
+        group("notMatched", ["insert_all", "insert"], {"source"}),
+        group("notMatchedBySource", ["update", "delete"], {"target"}),
+    ]
     if single_pass and draw(st.booleans()):
         groups.pop()  # half the examples without NOT MATCHED BY SOURCE: the single pass then has to guess
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
@@ -264,11 +283,20 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     # bitmap, and with it either way of finding the source rows matching no target row), or both sides
     # shuffled; and
     # findTouchedFiles by source keys, by target rows, or folded into the write (the single pass).
-    return {"columns": columns, "types": types, "target": target, "source": source, "clauses": clauses,
-            "partitioned": partitioned, "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
-            "broadcast": draw(st.booleans()), "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
-            "find_plan": "single_pass" if single_pass else draw(st.sampled_from(["source_keys", "target_rows",
-                                                                                 "single_pass"]))}
+    return {
+        "columns": columns,
+        "types": types,
+        "target": target,
+        "source": source,
+        "clauses": clauses,
+        "partitioned": partitioned,
+        "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
+        "broadcast": draw(st.booleans()),
+        "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
+        "find_plan": "single_pass"
+        if single_pass
+        else draw(st.sampled_from(["source_keys", "target_rows", "single_pass"])),
+    }
 
 
 def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.Table:
@@ -276,8 +304,7 @@ def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.T
 
 
 def as_sorted(data: list[Row], columns: list[str]) -> list[tuple[Any, ...]]:
-    return sorted((tuple(r[c] for c in columns) for r in data),
-                  key=lambda r: tuple((v is not None, str(v)) for v in r))
+    return sorted((tuple(r[c] for c in columns) for r in data), key=lambda r: tuple((v is not None, str(v)) for v in r))
 
 
 _counter = itertools.count()
@@ -286,10 +313,13 @@ _counter = itertools.count()
 def random_merge_settings(examples: int) -> settings:
     """Each example runs two real merges: no deadline, no shrinking (it would take longer than the failure is
     worth), the same examples on every run."""
-    return settings(max_examples=examples, deadline=None, derandomize=True,
-                    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large])
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+    )
 
 
 @pytest.mark.slow

@@ -61,21 +61,31 @@ def test_assigned_values_take_ansi_casts_as_in_delta(spark: SparkSession, tmp_pa
     """Delta's MERGE casts an assigned value with an ANSI ``Cast`` (UpdateExpressionsSupport.castIfNeeded):
     strings go into numbers and dates, and deltalake agrees; a value that does not parse fails the merge when
     it is written, leaving the table as it was; a cast ANSI has no rule for fails before any work."""
-    data = pa.table({"id": pa.array([1, 2], pa.int64()), "n": pa.array([10, 20], pa.int32()),
-                     "d": pa.array([None, None], pa.date32())})
-    source_data = pa.table({"id": pa.array([1, 3], pa.int64()), "txt": ["42", "7"],
-                            "day": ["2024-01-05", "2024-02-29"]})
+    data = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "n": pa.array([10, 20], pa.int32()),
+            "d": pa.array([None, None], pa.date32()),
+        }
+    )
+    source_data = pa.table(
+        {"id": pa.array([1, 3], pa.int64()), "txt": ["42", "7"], "day": ["2024-01-05", "2024-02-29"]}
+    )
     ours, theirs = write_table(tmp_path / "ours", data), write_table(tmp_path / "theirs", data)
     source = write_table(tmp_path / "s", source_data)
-    clauses = [clause("matched", "update", n="s.txt", d="s.day"),
-               clause("notMatched", "insert", id="s.id", n="s.txt", d="s.day")]
+    clauses = [
+        clause("matched", "update", n="s.txt", d="s.day"),
+        clause("notMatched", "insert", id="s.id", n="s.txt", d="s.day"),
+    ]
     result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses))
     assert oracle_merge(theirs, source_data, "t.id = s.id", clauses) == {
-        k: result.result[k] for k in ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")}
+        k: result.result[k] for k in ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")
+    }
     assert rows(ours) == rows(theirs)
 
-    bad = write_table(tmp_path / "bad", pa.table({"id": pa.array([2], pa.int64()), "txt": ["twenty"],
-                                                   "day": ["2024-01-05"]}))
+    bad = write_table(
+        tmp_path / "bad", pa.table({"id": pa.array([2], pa.int64()), "txt": ["twenty"], "day": ["2024-01-05"]})
+    )
     before = files_under(ours)
     with pytest.raises(DataCastError, match="CAST_INVALID_INPUT"):
         run_merge(spark, make_spec(ours, bad, "t.id = s.id", [clause("matched", "update", n="s.txt")]))
@@ -151,8 +161,9 @@ def test_an_applied_txn_is_not_applied_again(spark: SparkSession, tmp_path: Path
 
 def test_nothing_to_change_commits_nothing(spark: SparkSession, tmp_path: Path) -> None:
     target = write_table(tmp_path / "t", TARGET)
-    source = write_table(tmp_path / "s", pa.table({"id": pa.array([42], pa.int64()), "v": ["x"],
-                                                   "n": pa.array([1], pa.int64())}))
+    source = write_table(
+        tmp_path / "s", pa.table({"id": pa.array([42], pa.int64()), "v": ["x"], "n": pa.array([1], pa.int64())})
+    )
     result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "delete")]))
     assert result.table_version is None
     assert result.result["num_affected_rows"] == 0
@@ -167,19 +178,29 @@ def test_sql_text_with_a_query_source(spark: SparkSession, tmp_path: Path) -> No
         "ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"
     )
     result = run_merge(spark, spec)
-    assert result.result == {"num_affected_rows": 2, "num_updated_rows": 1, "num_deleted_rows": 0,
-                             "num_inserted_rows": 1}
+    assert result.result == {
+        "num_affected_rows": 2,
+        "num_updated_rows": 1,
+        "num_deleted_rows": 0,
+        "num_inserted_rows": 1,
+    }
     assert rows(target, ["id", "v"]) == [(1, "a"), (2, "b"), (3, "C"), (4, "d"), (5, "E")]
-    assert spark.catalog.listTables() == [] or all(not t.name.startswith("__merge_source") for t in
-                                                   spark.catalog.listTables())
+    assert spark.catalog.listTables() == [] or all(
+        not t.name.startswith("__merge_source") for t in spark.catalog.listTables()
+    )
 
 
 def test_inline_rows_source(spark: SparkSession, tmp_path: Path) -> None:
     target = write_table(tmp_path / "t", TARGET)
     rows_source = RowsSource([{"id": "3", "v": "q", "n": "7"}], "id BIGINT, v STRING, n BIGINT")
-    spec = MergeSpec(target=str(target), source=rows_source,
-                     on="t.id = s.id", target_alias="t", source_alias="s",
-                     matched=(clause("matched", "update_all"),))
+    spec = MergeSpec(
+        target=str(target),
+        source=rows_source,
+        on="t.id = s.id",
+        target_alias="t",
+        source_alias="s",
+        matched=(clause("matched", "update_all"),),
+    )
     assert run_merge(spark, spec).result["num_updated_rows"] == 1
     assert (3, "q", 7) in rows(target)
 
@@ -205,10 +226,15 @@ def test_error_paths_leave_the_table(spark: SparkSession, tmp_path: Path, clause
 def two_file_table(path: Path, partition_by: list[str] | None = None) -> Path:
     from deltalake import write_deltalake
 
-    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "p": ["a", "a", "a"]}),
-                    partition_by=partition_by)
-    write_deltalake(str(path), pa.table({"id": pa.array([10, 11, 12], pa.int64()), "p": ["b", "b", "b"]}),
-                    mode="append", partition_by=partition_by)
+    write_deltalake(
+        str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "p": ["a", "a", "a"]}), partition_by=partition_by
+    )
+    write_deltalake(
+        str(path),
+        pa.table({"id": pa.array([10, 11, 12], pa.int64()), "p": ["b", "b", "b"]}),
+        mode="append",
+        partition_by=partition_by,
+    )
     return path
 
 
@@ -220,9 +246,15 @@ def test_source_key_range_skips_files(spark: SparkSession, tmp_path: Path, sourc
         source_path = write_table(tmp_path / "s", pa.table({"id": pa.array([11, 13], pa.int64()), "p": ["z", "z"]}))
         spec = make_spec(target, source_path, "t.id = s.id", UPSERT)
     else:
-        spec = MergeSpec(target=str(target), source=RowsSource(data, "id BIGINT, p STRING"), on="t.id = s.id",
-                         target_alias="t", source_alias="s", matched=(clause("matched", "update_all"),),
-                         not_matched=(clause("notMatched", "insert_all"),))
+        spec = MergeSpec(
+            target=str(target),
+            source=RowsSource(data, "id BIGINT, p STRING"),
+            on="t.id = s.id",
+            target_alias="t",
+            source_alias="s",
+            matched=(clause("matched", "update_all"),),
+            not_matched=(clause("notMatched", "insert_all"),),
+        )
     result = run_merge(spark, spec)
     assert result.metrics["numTargetFilesBeforeSkipping"] == 2
     assert result.metrics["numTargetFilesAfterSkipping"] == 1
@@ -232,9 +264,14 @@ def test_source_key_range_skips_files(spark: SparkSession, tmp_path: Path, sourc
 
 def test_partition_key_values_skip_partitions(spark: SparkSession, tmp_path: Path) -> None:
     target = two_file_table(tmp_path / "t", partition_by=["p"])
-    spec = MergeSpec(target=str(target), source=RowsSource([{"id": 2, "p": "a"}], "id BIGINT, p STRING"),
-                     on="t.p = s.p AND t.id = s.id", target_alias="t", source_alias="s",
-                     matched=(clause("matched", "delete"),))
+    spec = MergeSpec(
+        target=str(target),
+        source=RowsSource([{"id": 2, "p": "a"}], "id BIGINT, p STRING"),
+        on="t.p = s.p AND t.id = s.id",
+        target_alias="t",
+        source_alias="s",
+        matched=(clause("matched", "delete"),),
+    )
     result = run_merge(spark, spec)
     assert result.metrics["numTargetFilesAfterSkipping"] == 1
     assert result.metrics["numTargetPartitionsAfterSkipping"] == 1
@@ -247,8 +284,14 @@ def test_keys_of_another_type_do_not_skip_wrongly(spark: SparkSession, tmp_path:
     target = tmp_path / "t"
     write_deltalake(str(target), pa.table({"k": ["10", "2"]}))
     write_deltalake(str(target), pa.table({"k": ["9"]}), mode="append")
-    spec = MergeSpec(target=str(target), source=RowsSource([{"k": 9}, {"k": 10}], "k BIGINT"), on="t.k = s.k",
-                     target_alias="t", source_alias="s", matched=(clause("matched", "delete"),))
+    spec = MergeSpec(
+        target=str(target),
+        source=RowsSource([{"k": 9}, {"k": 10}], "k BIGINT"),
+        on="t.k = s.k",
+        target_alias="t",
+        source_alias="s",
+        matched=(clause("matched", "delete"),),
+    )
     assert run_merge(spark, spec).result["num_deleted_rows"] == 2
     assert rows(target) == [("2",)]
 
@@ -256,8 +299,10 @@ def test_keys_of_another_type_do_not_skip_wrongly(spark: SparkSession, tmp_path:
 def test_partitioned_delta_source(spark: SparkSession, tmp_path: Path) -> None:
     target = write_table(tmp_path / "t", TARGET)
     source = write_table(tmp_path / "s", SOURCE.append_column("p", pa.array(["x", "y", None])), partition_by=["p"])
-    clauses = [clause("matched", "update", v="concat(s.v, s.p)"),
-               clause("notMatched", "insert", id="s.id", v="coalesce(s.p, '-')")]
+    clauses = [
+        clause("matched", "update", v="concat(s.v, s.p)"),
+        clause("notMatched", "insert", id="s.id", v="coalesce(s.p, '-')"),
+    ]
     spec = make_spec(target, source, "t.id = s.id", clauses)
     result = run_merge(spark, spec)
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
@@ -285,31 +330,36 @@ def test_check_constraints_hold_as_in_deltalake(spark: SparkSession, tmp_path: P
     assert rows(ours) == rows(theirs)
 
 
-@pytest.mark.parametrize(("clauses", "values"), [
-    ([clause("matched", "update", amount="t.amount - 25")], " - amount : -5"),
-    ([clause("notMatched", "insert", id="s.id", amount="CAST(NULL AS BIGINT)")], " - amount : null"),
-    ([clause("notMatchedBySource", "update", "t.id = 4", amount="0")], " - amount : 0"),
-])
+@pytest.mark.parametrize(
+    ("clauses", "values"),
+    [
+        ([clause("matched", "update", amount="t.amount - 25")], " - amount : -5"),
+        ([clause("notMatched", "insert", id="s.id", amount="CAST(NULL AS BIGINT)")], " - amount : null"),
+        ([clause("notMatchedBySource", "update", "t.id = 4", amount="0")], " - amount : 0"),
+    ],
+)
 @pytest.mark.parametrize("cdf", [False, True])
-def test_a_broken_check_constraint_fails_the_merge(spark: SparkSession, tmp_path: Path, clauses: list,
-                                                  values: str, cdf: bool) -> None:
+def test_a_broken_check_constraint_fails_the_merge(
+    spark: SparkSession, tmp_path: Path, clauses: list, values: str, cdf: bool
+) -> None:
     configuration = {"delta.enableChangeDataFeed": "true"} if cdf else None
     target = _constrained(tmp_path / "t", configuration)
-    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2, 5], pa.int64()),
-                                                   "amount": pa.array([7, 8], pa.int64())}))
+    source = write_table(
+        tmp_path / "s", pa.table({"id": pa.array([2, 5], pa.int64()), "amount": pa.array([7, 8], pa.int64())})
+    )
     before = files_under(target)
     version = DeltaTable(str(target)).version()
     with pytest.raises(InvariantViolationError) as raised:
         run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
     assert str(raised.value).startswith(
-        "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0) violated by row with values:")
+        "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0) violated by row with values:"
+    )
     assert values in str(raised.value)
     assert DeltaTable(str(target)).version() == version and files_under(target) == before
     assert rows(target) == [(1, 10), (2, 20), (3, 30), (4, 40)]
 
 
-def test_a_table_that_allows_deletion_vectors_is_merged_by_rewriting_files(spark: SparkSession,
-                                                                            tmp_path: Path) -> None:
+def test_a_table_that_allows_deletion_vectors_is_merged_by_rewriting_files(spark: SparkSession, tmp_path: Path) -> None:
     """delta.enableDeletionVectors lets writers mark rows deleted; rewriting files instead is what Delta's
     protocol allows any writer, and deltalake does the same."""
     dv = {"delta.enableDeletionVectors": "true"}
@@ -336,24 +386,39 @@ NESTED = pa.struct([("a", pa.int64()), ("b", pa.int64()), ("inner", INNER)])
 
 
 def _nested_target(path: Path) -> Path:
-    return write_table(path, pa.table({
-        "id": pa.array([1, 2], pa.int64()),
-        "s": pa.array([{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED),
-        "arr": pa.array([[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))),
-    }))
+    return write_table(
+        path,
+        pa.table(
+            {
+                "id": pa.array([1, 2], pa.int64()),
+                "s": pa.array(
+                    [{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED
+                ),
+                "arr": pa.array(
+                    [[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))
+                ),
+            }
+        ),
+    )
 
 
 def test_structs_are_assigned_by_field_name_as_delta_does(spark: SparkSession, tmp_path: Path) -> None:
     """A positional cast would swap a and b (same types): Delta pairs struct fields by name, at any depth."""
-    reordered = pa.struct([("inner", pa.struct([("y", pa.string()), ("x", pa.int32())])), ("b", pa.int64()),
-                           ("a", pa.int64())])
-    source_data = pa.table({
-        "arr": pa.array([[{"q": 20, "p": 10}], [{"q": 30, "p": 3}, None]],
-                        pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64())]))),
-        "s": pa.array([{"inner": {"y": "new", "x": 7}, "b": 200, "a": 2}, {"inner": None, "b": 300, "a": 3}],
-                      reordered),
-        "id": pa.array([2, 3], pa.int64()),
-    })
+    reordered = pa.struct(
+        [("inner", pa.struct([("y", pa.string()), ("x", pa.int32())])), ("b", pa.int64()), ("a", pa.int64())]
+    )
+    source_data = pa.table(
+        {
+            "arr": pa.array(
+                [[{"q": 20, "p": 10}], [{"q": 30, "p": 3}, None]],
+                pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64())])),
+            ),
+            "s": pa.array(
+                [{"inner": {"y": "new", "x": 7}, "b": 200, "a": 2}, {"inner": None, "b": 300, "a": 3}], reordered
+            ),
+            "id": pa.array([2, 3], pa.int64()),
+        }
+    )
     source = write_table(tmp_path / "s", source_data)
     ours = _nested_target(tmp_path / "ours")
     result = run_merge(spark, make_spec(ours, source, "t.id = s.id", UPSERT))
@@ -376,21 +441,27 @@ def test_struct_fields_must_match_by_name(spark: SparkSession, tmp_path: Path, e
     target = _nested_target(tmp_path / "t")
     before = files_under(target)
     lacking = pa.struct([("b", pa.int64()), ("a", pa.int64())])
-    source = write_table(tmp_path / "lacking", pa.table({
-        "id": pa.array([2], pa.int64()), "s": pa.array([{"b": 5, "a": 6}], lacking)}))
+    source = write_table(
+        tmp_path / "lacking", pa.table({"id": pa.array([2], pa.int64()), "s": pa.array([{"b": 5, "a": 6}], lacking)})
+    )
     update = [clause("matched", "update", s="s.s")]
     if evolution:
         # A field the source lacks is NULL under schema evolution.
         run_merge(spark, make_spec(target, source, "t.id = s.id", update, schema_evolution=True))
         assert DeltaTable(str(target)).to_pyarrow_table().sort_by("id").column("s").to_pylist()[1] == {
-            "a": 6, "b": 5, "inner": None}
+            "a": 6,
+            "b": 5,
+            "inner": None,
+        }
     else:
         with pytest.raises(MergeResolutionError, match="All nested columns must match"):
             run_merge(spark, make_spec(target, source, "t.id = s.id", update))
         unchanged(target, before)
     extra = pa.struct([("a", pa.int64()), ("b", pa.int64()), ("inner", INNER), ("c", pa.int64())])
-    source = write_table(tmp_path / "extra", pa.table({
-        "id": pa.array([2], pa.int64()), "s": pa.array([{"a": 1, "b": 2, "inner": None, "c": 3}], extra)}))
+    source = write_table(
+        tmp_path / "extra",
+        pa.table({"id": pa.array([2], pa.int64()), "s": pa.array([{"a": 1, "b": 2, "inner": None, "c": 3}], extra)}),
+    )
     version = DeltaTable(str(target)).version()
     # Without schema evolution a field the table lacks fails the merge; it is never dropped. (With it, the field
     # is added: test_schema_evolution_adds_nested_fields.)
@@ -403,30 +474,60 @@ def test_struct_fields_must_match_by_name(spark: SparkSession, tmp_path: Path, e
 def test_schema_evolution_adds_nested_fields(spark: SparkSession, tmp_path: Path, cdf: bool) -> None:
     """Delta's schema evolution appends the source's new struct fields, at any depth and inside arrays; rows
     that keep their value get NULL there."""
-    target = write_table(tmp_path / "t", pa.table({
-        "id": pa.array([1, 2], pa.int64()),
-        "s": pa.array([{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED),
-        "arr": pa.array([[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))),
-    }), configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
-    wider = pa.struct([("b", pa.int64()), ("inner", pa.struct([("z", pa.bool_()), ("x", pa.int32())])),
-                       ("a", pa.int64()), ("c", pa.string())])
-    source = write_table(tmp_path / "s", pa.table({
-        "id": pa.array([2, 3], pa.int64()),
-        "s": pa.array([{"b": 200, "inner": {"z": True, "x": 7}, "a": 2, "c": "new"}, None], wider),
-        "arr": pa.array([[{"q": 20, "p": 10, "r": "x"}], []],
-                        pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64()), ("r", pa.string())]))),
-    }))
+    target = write_table(
+        tmp_path / "t",
+        pa.table(
+            {
+                "id": pa.array([1, 2], pa.int64()),
+                "s": pa.array(
+                    [{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED
+                ),
+                "arr": pa.array(
+                    [[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))
+                ),
+            }
+        ),
+        configuration={"delta.enableChangeDataFeed": "true"} if cdf else None,
+    )
+    wider = pa.struct(
+        [
+            ("b", pa.int64()),
+            ("inner", pa.struct([("z", pa.bool_()), ("x", pa.int32())])),
+            ("a", pa.int64()),
+            ("c", pa.string()),
+        ]
+    )
+    source = write_table(
+        tmp_path / "s",
+        pa.table(
+            {
+                "id": pa.array([2, 3], pa.int64()),
+                "s": pa.array([{"b": 200, "inner": {"z": True, "x": 7}, "a": 2, "c": "new"}, None], wider),
+                "arr": pa.array(
+                    [[{"q": 20, "p": 10, "r": "x"}], []],
+                    pa.list_(pa.struct([("q", pa.int64()), ("p", pa.int64()), ("r", pa.string())])),
+                ),
+            }
+        ),
+    )
     result = run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
     assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (1, 1)
     table = DeltaTable(str(target))
     assert load_snapshot(str(target)).spark_schema.simpleString() == (
         "struct<id:bigint,s:struct<a:bigint,b:bigint,inner:struct<x:int,y:string,z:boolean>,c:string>,"
-        "arr:array<struct<p:bigint,q:bigint,r:string>>>")
+        "arr:array<struct<p:bigint,q:bigint,r:string>>>"
+    )
     assert table.to_pyarrow_table().sort_by("id").to_pylist() == [
-        {"id": 1, "s": {"a": 1, "b": 10, "inner": {"x": 1, "y": "p", "z": None}, "c": None},
-         "arr": [{"p": 1, "q": 2, "r": None}]},
-        {"id": 2, "s": {"a": 2, "b": 200, "inner": {"x": 7, "y": None, "z": True}, "c": "new"},
-         "arr": [{"p": 10, "q": 20, "r": "x"}]},
+        {
+            "id": 1,
+            "s": {"a": 1, "b": 10, "inner": {"x": 1, "y": "p", "z": None}, "c": None},
+            "arr": [{"p": 1, "q": 2, "r": None}],
+        },
+        {
+            "id": 2,
+            "s": {"a": 2, "b": 200, "inner": {"x": 7, "y": None, "z": True}, "c": "new"},
+            "arr": [{"p": 10, "q": 20, "r": "x"}],
+        },
         {"id": 3, "s": None, "arr": []},
     ]
 
@@ -435,27 +536,40 @@ def test_update_set_assigns_fields_inside_structs(spark: SparkSession, tmp_path:
     """Delta's nested assignment: the struct is rebuilt with the named fields set and the others kept, also for a
     NULL struct; values are cast to the field's type under ANSI store assignment."""
     target = _nested_target(tmp_path / "t")
-    source = write_table(tmp_path / "s", pa.table({"id": pa.array([1, 2], pa.int64()),
-                                                   "v": pa.array([5, 6], pa.int32())}))
-    run_merge(spark, make_spec(target, source, "t.id = s.id", [
-        clause("matched", "update", "s.id = 1", **{"t.s.b": "s.v", "s.inner.y": "'q'"}),
-        clause("matched", "update", **{"s.inner.x": "s.v * 10"}),
-    ]))
+    source = write_table(
+        tmp_path / "s", pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([5, 6], pa.int32())})
+    )
+    run_merge(
+        spark,
+        make_spec(
+            target,
+            source,
+            "t.id = s.id",
+            [
+                clause("matched", "update", "s.id = 1", **{"t.s.b": "s.v", "s.inner.y": "'q'"}),
+                clause("matched", "update", **{"s.inner.x": "s.v * 10"}),
+            ],
+        ),
+    )
     assert DeltaTable(str(target)).to_pyarrow_table().sort_by("id").column("s").to_pylist() == [
         {"a": 1, "b": 5, "inner": {"x": 1, "y": "q"}},
         {"a": 2, "b": 20, "inner": {"x": 60, "y": None}},
     ]
 
 
-@pytest.mark.parametrize(("assign", "error", "message"), [
-    ({"s.zz": "1"}, MergeResolutionError, "has no field 'zz'"),
-    ({"id.x": "1"}, MergeResolutionError, "has no field 'x'"),
-    ({"s.a": "'text'"}, DataCastError, "CAST_INVALID_INPUT"),
-    ({"s.a": "current_date()"}, MergeResolutionError, "cannot cast date to bigint"),
-    ({"s": "t.s", "s.a": "1"}, MergeSpecError, "conflict from these SET columns"),
-])
-def test_nested_assignments_that_cannot_hold(spark: SparkSession, tmp_path: Path, assign: dict, error: type,
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    ("assign", "error", "message"),
+    [
+        ({"s.zz": "1"}, MergeResolutionError, "has no field 'zz'"),
+        ({"id.x": "1"}, MergeResolutionError, "has no field 'x'"),
+        ({"s.a": "'text'"}, DataCastError, "CAST_INVALID_INPUT"),
+        ({"s.a": "current_date()"}, MergeResolutionError, "cannot cast date to bigint"),
+        ({"s": "t.s", "s.a": "1"}, MergeSpecError, "conflict from these SET columns"),
+    ],
+)
+def test_nested_assignments_that_cannot_hold(
+    spark: SparkSession, tmp_path: Path, assign: dict, error: type, message: str
+) -> None:
     target = _nested_target(tmp_path / "t")
     source = write_table(tmp_path / "s", pa.table({"id": pa.array([1], pa.int64())}))
     before = files_under(target)
@@ -463,20 +577,28 @@ def test_nested_assignments_that_cannot_hold(spark: SparkSession, tmp_path: Path
         run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", **assign)]))
     unchanged(target, before)
     with pytest.raises(MergeSpecError, match="Nested field is not supported in the INSERT clause"):
-        run_merge(spark, make_spec(target, source, "t.id = s.id",
-                                   [clause("notMatched", "insert", id="s.id", **{"s.a": "1"})]))
+        run_merge(
+            spark, make_spec(target, source, "t.id = s.id", [clause("notMatched", "insert", id="s.id", **{"s.a": "1"})])
+        )
 
 
 def _generated_table(path: Path) -> Path:
     """deltalake's table with a generated column: v2 is always v * 2."""
     from deltalake.schema import Field, PrimitiveType, Schema
 
-    DeltaTable.create(str(path), Schema([
-        Field("id", PrimitiveType("long")), Field("v", PrimitiveType("long")),
-        Field("v2", PrimitiveType("long"), metadata={"delta.generationExpression": "v * 2"}),
-    ]))
-    write_deltalake(str(path), pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([10, 20], pa.int64())}),
-                    mode="append")
+    DeltaTable.create(
+        str(path),
+        Schema(
+            [
+                Field("id", PrimitiveType("long")),
+                Field("v", PrimitiveType("long")),
+                Field("v2", PrimitiveType("long"), metadata={"delta.generationExpression": "v * 2"}),
+            ]
+        ),
+    )
+    write_deltalake(
+        str(path), pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array([10, 20], pa.int64())}), mode="append"
+    )
     return path
 
 
@@ -484,37 +606,51 @@ def test_generated_columns_are_computed_and_checked(spark: SparkSession, tmp_pat
     """A clause that gives a generated column no value computes it from the row's new values (UPDATE SET * and
     INSERT * included, the source lacking it); a value given must equal the expression."""
     target = _generated_table(tmp_path / "t")
-    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2, 3], pa.int64()),
-                                                   "v": pa.array([7, 8], pa.int64())}))
+    source = write_table(
+        tmp_path / "s", pa.table({"id": pa.array([2, 3], pa.int64()), "v": pa.array([7, 8], pa.int64())})
+    )
     run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
     assert rows(target) == [(1, 10, 20), (2, 7, 14), (3, 8, 16)]
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", v="s.v + t.v")]))
     assert rows(target) == [(1, 10, 20), (2, 14, 28), (3, 16, 32)]
     # deltalake checks the expression on its own writes to the table: it reads and appends as before.
-    write_deltalake(str(target), pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([1], pa.int64())}),
-                    mode="append")
+    write_deltalake(
+        str(target), pa.table({"id": pa.array([4], pa.int64()), "v": pa.array([1], pa.int64())}), mode="append"
+    )
     assert (4, 1, 2) in rows(target)
 
     new_key = write_table(tmp_path / "n", pa.table({"id": pa.array([5], pa.int64()), "v": pa.array([3], pa.int64())}))
     version = DeltaTable(str(target)).version()
     with pytest.raises(InvariantViolationError, match=r"CHECK constraint Generated Column \(v2 <=> \(v \* 2\)\)"):
-        run_merge(spark, make_spec(target, new_key, "t.id = s.id",
-                                   [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v")]))
+        run_merge(
+            spark,
+            make_spec(target, new_key, "t.id = s.id", [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v")]),
+        )
     assert DeltaTable(str(target)).version() == version
-    run_merge(spark, make_spec(target, new_key, "t.id = s.id",
-                               [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v * 2")]))
+    run_merge(
+        spark,
+        make_spec(target, new_key, "t.id = s.id", [clause("notMatched", "insert", id="s.id", v="s.v", v2="s.v * 2")]),
+    )
     assert (5, 3, 6) in rows(target)
 
 
 def test_struct_fields_with_any_name_are_paired(spark: SparkSession, tmp_path: Path) -> None:
     person = pa.struct([("first name", pa.string()), ("age", pa.int32())])
-    target = write_table(tmp_path / "t", pa.table({"id": pa.array([1], pa.int64()),
-                                                   "p": pa.array([{"first name": "Ann", "age": 30}], person)}))
-    source = write_table(tmp_path / "s", pa.table({
-        "id": pa.array([1], pa.int64()),
-        "p": pa.array([{"age": 31, "first name": "Ann B"}],
-                      pa.struct([("age", pa.int64()), ("first name", pa.string())])),
-    }))
+    target = write_table(
+        tmp_path / "t",
+        pa.table({"id": pa.array([1], pa.int64()), "p": pa.array([{"first name": "Ann", "age": 30}], person)}),
+    )
+    source = write_table(
+        tmp_path / "s",
+        pa.table(
+            {
+                "id": pa.array([1], pa.int64()),
+                "p": pa.array(
+                    [{"age": 31, "first name": "Ann B"}], pa.struct([("age", pa.int64()), ("first name", pa.string())])
+                ),
+            }
+        ),
+    )
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
     assert rows(target) == [(1, {"first name": "Ann B", "age": 31})]
 
@@ -525,30 +661,59 @@ def test_insert_fills_in_column_defaults(spark: SparkSession, tmp_path: Path) ->
     from tests.engine.delta.util import write_log_entry
 
     target = tmp_path / "t"
-    fields = [{"name": "id", "type": "long", "nullable": True, "metadata": {}},
-              {"name": "status", "type": "string", "nullable": True,
-               "metadata": {"CURRENT_DEFAULT": "'new'", "EXISTS_DEFAULT": "'new'"}},
-              {"name": "n", "type": "integer", "nullable": True, "metadata": {"CURRENT_DEFAULT": "1 + 1"}}]
-    write_log_entry(target, 0, [
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["allowColumnDefaults"]}},
-        {"metaData": {"id": "d0d0d0d0-0000-4000-8000-000000000000", "format": {"provider": "parquet", "options": {}},
-                      "schemaString": json.dumps({"type": "struct", "fields": fields}), "partitionColumns": [],
-                      "configuration": {}, "createdTime": 0}},
-    ])
+    fields = [
+        {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+        {
+            "name": "status",
+            "type": "string",
+            "nullable": True,
+            "metadata": {"CURRENT_DEFAULT": "'new'", "EXISTS_DEFAULT": "'new'"},
+        },
+        {"name": "n", "type": "integer", "nullable": True, "metadata": {"CURRENT_DEFAULT": "1 + 1"}},
+    ]
+    write_log_entry(
+        target,
+        0,
+        [
+            {"protocol": {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["allowColumnDefaults"]}},
+            {
+                "metaData": {
+                    "id": "d0d0d0d0-0000-4000-8000-000000000000",
+                    "format": {"provider": "parquet", "options": {}},
+                    "schemaString": json.dumps({"type": "struct", "fields": fields}),
+                    "partitionColumns": [],
+                    "configuration": {},
+                    "createdTime": 0,
+                }
+            },
+        ],
+    )
     source = write_table(tmp_path / "s", pa.table({"id": pa.array([1, 2], pa.int64()), "n": pa.array([5, 6])}))
-    run_merge(spark, make_spec(target, source, "t.id = s.id", [
-        clause("notMatched", "insert", "s.id = 1", id="s.id"),
-        clause("notMatched", "insert", id="s.id", status="'given'"),
-    ]))
+    run_merge(
+        spark,
+        make_spec(
+            target,
+            source,
+            "t.id = s.id",
+            [
+                clause("notMatched", "insert", "s.id = 1", id="s.id"),
+                clause("notMatched", "insert", id="s.id", status="'given'"),
+            ],
+        ),
+    )
     assert rows(target) == [(1, "new", 2), (2, "given", 2)]
     run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update", n="s.n")]))
     assert rows(target) == [(1, "new", 5), (2, "given", 6)]
     # The DEFAULT keyword in an assignment is the column's default (NULL for a column without one).
     more = write_table(tmp_path / "more", pa.table({"id": pa.array([2, 3], pa.int64())}))
-    run_merge(spark, parse_merge_sql(
-        f"MERGE INTO delta.`{target}` t USING delta.`{more}` s ON t.id = s.id "
-        "WHEN MATCHED THEN UPDATE SET status = DEFAULT, n = default "
-        "WHEN NOT MATCHED THEN INSERT (id, status, n) VALUES (s.id, 'x', DEFAULT)"))
+    run_merge(
+        spark,
+        parse_merge_sql(
+            f"MERGE INTO delta.`{target}` t USING delta.`{more}` s ON t.id = s.id "
+            "WHEN MATCHED THEN UPDATE SET status = DEFAULT, n = default "
+            "WHEN NOT MATCHED THEN INSERT (id, status, n) VALUES (s.id, 'x', DEFAULT)"
+        ),
+    )
     assert rows(target) == [(1, "new", 5), (2, "new", 2), (3, "x", 2)]
 
 
@@ -560,11 +725,18 @@ def test_decimal_keys_whose_bounds_were_logged_through_doubles(spark: SparkSessi
     decimal_type = pa.decimal128(38, 10)
     target = tmp_path / "t"
     for keys in ([Decimal("1"), key], [Decimal("-3")]):
-        write_deltalake(str(target), pa.table({"k": pa.array(keys, decimal_type), "v": pa.array([0] * len(keys))}),
-                        mode="append")
-    inline = MergeSpec(target=str(target), source=RowsSource([{"k": str(key), "v": 2}], "k DECIMAL(38,10), v BIGINT"),
-                       on="t.k = s.k", matched=(clause("matched", "update_all"),),
-                       not_matched=(clause("notMatched", "insert_all"),), target_alias="t", source_alias="s")
+        write_deltalake(
+            str(target), pa.table({"k": pa.array(keys, decimal_type), "v": pa.array([0] * len(keys))}), mode="append"
+        )
+    inline = MergeSpec(
+        target=str(target),
+        source=RowsSource([{"k": str(key), "v": 2}], "k DECIMAL(38,10), v BIGINT"),
+        on="t.k = s.k",
+        matched=(clause("matched", "update_all"),),
+        not_matched=(clause("notMatched", "insert_all"),),
+        target_alias="t",
+        source_alias="s",
+    )
     result = run_merge(spark, inline)
     assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (1, 0)
     source = tmp_path / "s"
@@ -575,9 +747,9 @@ def test_decimal_keys_whose_bounds_were_logged_through_doubles(spark: SparkSessi
 
 
 @pytest.mark.parametrize("partitioned", [False, True], ids=["flat", "partitioned"])
-def test_timestamp_keys_do_not_depend_on_the_host_time_zone(spark: SparkSession, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch,
-                                                            partitioned: bool) -> None:
+def test_timestamp_keys_do_not_depend_on_the_host_time_zone(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partitioned: bool
+) -> None:
     """Spark Connect hands TIMESTAMP values to Python as naive local times: the source's key range must not
     shift with the time zone of the process that runs the merge."""
     import datetime as dt
@@ -586,11 +758,15 @@ def test_timestamp_keys_do_not_depend_on_the_host_time_zone(spark: SparkSession,
     stamps = [dt.datetime(2024, 1, 1, h, tzinfo=dt.UTC) for h in (0, 12)]
     target = tmp_path / "t"
     for stamp in stamps:
-        write_deltalake(str(target), pa.table({"ts": pa.array([stamp], pa.timestamp("us", tz="UTC")),
-                                               "v": pa.array([0])}),
-                        mode="append", partition_by=["ts"] if partitioned else None)
-    source = write_table(tmp_path / "s", pa.table({"ts": pa.array(stamps, pa.timestamp("us", tz="UTC")),
-                                                   "v": pa.array([1, 2])}))
+        write_deltalake(
+            str(target),
+            pa.table({"ts": pa.array([stamp], pa.timestamp("us", tz="UTC")), "v": pa.array([0])}),
+            mode="append",
+            partition_by=["ts"] if partitioned else None,
+        )
+    source = write_table(
+        tmp_path / "s", pa.table({"ts": pa.array(stamps, pa.timestamp("us", tz="UTC")), "v": pa.array([1, 2])})
+    )
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     time.tzset()
     try:
@@ -609,18 +785,27 @@ def test_empty_inline_rows_with_a_schema(spark: SparkSession, tmp_path: Path) ->
     empty = RowsSource([], "id BIGINT, v STRING, n BIGINT")
 
     def spec(*clauses: Any) -> MergeSpec:
-        return MergeSpec(target=str(target), source=empty, on="t.id = s.id", target_alias="t", source_alias="s",
-                         matched=tuple(c for c in clauses if c.clause_type == "matched"),
-                         not_matched=tuple(c for c in clauses if c.clause_type == "notMatched"),
-                         not_matched_by_source=tuple(c for c in clauses if c.clause_type == "notMatchedBySource"))
+        return MergeSpec(
+            target=str(target),
+            source=empty,
+            on="t.id = s.id",
+            target_alias="t",
+            source_alias="s",
+            matched=tuple(c for c in clauses if c.clause_type == "matched"),
+            not_matched=tuple(c for c in clauses if c.clause_type == "notMatched"),
+            not_matched_by_source=tuple(c for c in clauses if c.clause_type == "notMatchedBySource"),
+        )
 
     result = run_merge(spark, spec(*UPSERT))
     assert result.table_version is None and result.result["num_affected_rows"] == 0
     assert result.metrics["numSourceRows"] == 0
-    result = run_merge(spark, spec(clause("notMatchedBySource", "delete", "t.id > 2"),
-                                   clause("notMatchedBySource", "update", v="'gone'")))
+    result = run_merge(
+        spark,
+        spec(clause("notMatchedBySource", "delete", "t.id > 2"), clause("notMatchedBySource", "update", v="'gone'")),
+    )
     assert result.table_version == 1
     assert (result.result["num_deleted_rows"], result.result["num_updated_rows"]) == (
         sum(1 for i in TARGET.column("id").to_pylist() if i > 2),
-        sum(1 for i in TARGET.column("id").to_pylist() if i <= 2))
+        sum(1 for i in TARGET.column("id").to_pylist() if i <= 2),
+    )
     assert {r[1] for r in rows(target)} == {"gone"}

@@ -46,21 +46,31 @@ def _source(ids: Sequence[int | None]) -> pa.Table:
     return pa.table({"id": pa.array(ids, pa.int64()), "v": [f"s{k}" for k in ids]})
 
 
-def _merge_both(spark: SparkSession, tmp_path: Path, source_ids: list[int], clauses: list[Any],
-                on: str = "t.id = s.id", configuration: dict[str, str] | None = None,
-                phases: list[str] | None = None) -> tuple[Any, dict[str, int], Path, Path]:
+def _merge_both(
+    spark: SparkSession,
+    tmp_path: Path,
+    source_ids: list[int],
+    clauses: list[Any],
+    on: str = "t.id = s.id",
+    configuration: dict[str, str] | None = None,
+    phases: list[str] | None = None,
+) -> tuple[Any, dict[str, int], Path, Path]:
     ours, theirs = _target(tmp_path / "ours", configuration), _target(tmp_path / "theirs", configuration)
     source_data = _source(source_ids)
     source = write_table(tmp_path / "source", source_data)
-    result = run_merge(spark, make_spec(ours, source, on, clauses),
-                       on_progress=None if phases is None else phases.append)
+    result = run_merge(
+        spark, make_spec(ours, source, on, clauses), on_progress=None if phases is None else phases.append
+    )
     expected = oracle_merge(theirs, source_data, on, clauses)
     return result, expected, ours, theirs
 
 
 def _no_find_pass() -> Any:
-    return patch.object(executors.ClassicMergeExecutor, "find_touched_files",
-                        side_effect=AssertionError("the single pass should have found the touched files"))
+    return patch.object(
+        executors.ClassicMergeExecutor,
+        "find_touched_files",
+        side_effect=AssertionError("the single pass should have found the touched files"),
+    )
 
 
 UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
@@ -87,8 +97,9 @@ def test_taken_when_statistics_expect_every_file_touched(spark: SparkSession, tm
 
 def test_delete_in_one_pass(spark: SparkSession, tmp_path: Path) -> None:
     with _no_find_pass():
-        result, expected, ours, theirs = _merge_both(spark, tmp_path, list(range(0, FILES * ROWS_PER_FILE, 7)),
-                                              [clause("matched", "delete")])
+        result, expected, ours, theirs = _merge_both(
+            spark, tmp_path, list(range(0, FILES * ROWS_PER_FILE, 7)), [clause("matched", "delete")]
+        )
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)
     assert result.metrics["numTargetFilesRemoved"] == FILES
@@ -100,8 +111,9 @@ def test_not_matched_by_source_takes_it_whatever_the_keys(spark: SparkSession, t
     a plain key equality: three source keys, and ON with a conjunct over both sides."""
     clauses = [clause("matched", "update_all"), clause("notMatchedBySource", "delete", "t.id % 2 = 0")]
     with _no_find_pass():
-        result, expected, ours, theirs = _merge_both(spark, tmp_path, [3, 700, 5000], clauses,
-                                                     on="t.id = s.id AND t.v <> s.v")
+        result, expected, ours, theirs = _merge_both(
+            spark, tmp_path, [3, 700, 5000], clauses, on="t.id = s.id AND t.v <> s.v"
+        )
     assert expected["num_updated_rows"] == 2
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)
@@ -112,19 +124,25 @@ def test_not_matched_by_source_takes_it_whatever_the_keys(spark: SparkSession, t
 def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path: Path) -> None:
     # 40 keys over four files of 500: ten per file, too few to expect every file touched.
     ids = list(range(0, FILES * ROWS_PER_FILE, 50))
-    with patch.object(executors.ClassicMergeExecutor, "write_in_one_pass",
-                      side_effect=AssertionError("the statistics do not promise every file touched")):
+    with patch.object(
+        executors.ClassicMergeExecutor,
+        "write_in_one_pass",
+        side_effect=AssertionError("the statistics do not promise every file touched"),
+    ):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, ids, UPSERT)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)
 
 
-@pytest.mark.parametrize(("on", "touched"), [
-    ("t.id = s.id", 1),
-    ("t.id = s.id AND s.v = 'none'", 0),
-], ids=["one_file_touched", "none_touched"])
-def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: Path, on: str,
-                                                 touched: int) -> None:
+@pytest.mark.parametrize(
+    ("on", "touched"),
+    [
+        ("t.id = s.id", 1),
+        ("t.id = s.id AND s.v = 'none'", 0),
+    ],
+    ids=["one_file_touched", "none_touched"],
+)
+def test_wrong_guess_rewrites_only_touched_files(spark: SparkSession, tmp_path: Path, on: str, touched: int) -> None:
     """Observed as the target's rows stream past (no key bitmap), the single pass knows which files it touched."""
     # Keys in the first file only, plus two new keys that keep every file a candidate.
     source_ids = [*range(0, 100), 5000, 5001]
@@ -154,8 +172,14 @@ def test_wrong_guess_counted_on_held_rows_falls_back_to_two_passes(spark: SparkS
     with find_plan("single_pass"), join_plan(broadcast=True, key_bitmap="held"):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, phases=phases)
     assert {k: result.result[k] for k in COUNTS} == expected
-    assert phases == ["preparing_source", "finding_touched_files", "writing", "finding_touched_files", "writing",
-                      "committing"]
+    assert phases == [
+        "preparing_source",
+        "finding_touched_files",
+        "writing",
+        "finding_touched_files",
+        "writing",
+        "committing",
+    ]
     assert rows(ours) == rows(theirs)
     m = result.metrics
     assert m["numTargetFilesRemoved"] == 1
@@ -164,14 +188,18 @@ def test_wrong_guess_counted_on_held_rows_falls_back_to_two_passes(spark: SparkS
 
 
 @pytest.mark.parametrize("key_bitmap", [False, True], ids=["plain", "key_bitmap"])
-def test_multiple_matches_fail_after_the_write_is_discarded(spark: SparkSession, tmp_path: Path,
-                                                            key_bitmap: bool) -> None:
+def test_multiple_matches_fail_after_the_write_is_discarded(
+    spark: SparkSession, tmp_path: Path, key_bitmap: bool
+) -> None:
     target = _target(tmp_path / "t")
     ids = list(range(0, FILES * ROWS_PER_FILE, 5))
     source = write_table(tmp_path / "s", _source([*ids, 40]))
     before = rows(target)
-    with find_plan("single_pass"), join_plan(broadcast=True, key_bitmap="held" if key_bitmap else None), \
-            pytest.raises(MultipleMatchError) as info:
+    with (
+        find_plan("single_pass"),
+        join_plan(broadcast=True, key_bitmap="held" if key_bitmap else None),
+        pytest.raises(MultipleMatchError) as info,
+    ):
         run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT))
     assert "id=40" in str(info.value)
     assert rows(target) == before
@@ -184,24 +212,33 @@ def test_duplicate_keys_of_an_unconditional_delete_delete_once(spark: SparkSessi
     ids = list(range(0, FILES * ROWS_PER_FILE, 5))
     phases: list[str] = []
     with find_plan("single_pass"):
-        result, _, ours, theirs = _merge_both(spark, tmp_path, [*ids, 40, 45],
-                                              [clause("matched", "delete")], phases=phases)
+        result, _, ours, theirs = _merge_both(
+            spark, tmp_path, [*ids, 40, 45], [clause("matched", "delete")], phases=phases
+        )
     assert result.result["num_deleted_rows"] == len(ids)
     # The multiple match gave up the single pass before it knew the touched files: Delta's two passes follow.
-    assert phases == ["preparing_source", "finding_touched_files", "writing", "finding_touched_files", "writing",
-                      "committing"]
+    assert phases == [
+        "preparing_source",
+        "finding_touched_files",
+        "writing",
+        "finding_touched_files",
+        "writing",
+        "committing",
+    ]
     assert result.metrics["numTargetRowsMatchedDeleted"] == len(ids)
     assert rows(ours) == rows(theirs)
     assert stray_files(ours) == set()
 
 
 def test_partitioned_target(spark: SparkSession, tmp_path: Path) -> None:
-    data = pa.table({"id": pa.array(range(400), pa.int64()), "v": [f"t{k}" for k in range(400)],
-                     "p": [k % 3 for k in range(400)]})
+    data = pa.table(
+        {"id": pa.array(range(400), pa.int64()), "v": [f"t{k}" for k in range(400)], "p": [k % 3 for k in range(400)]}
+    )
     ours = write_table(tmp_path / "ours", data, partition_by=["p"])
     theirs = write_table(tmp_path / "theirs", data, partition_by=["p"])
-    source_data = pa.table({"id": pa.array([*range(0, 400, 4), 900, 901], pa.int64()),
-                            "v": ["new"] * 102, "p": [1] * 102})
+    source_data = pa.table(
+        {"id": pa.array([*range(0, 400, 4), 900, 901], pa.int64()), "v": ["new"] * 102, "p": [1] * 102}
+    )
     source = write_table(tmp_path / "source", source_data)
     with find_plan("single_pass"), _no_find_pass():
         result = run_merge(spark, make_spec(ours, source, "t.id = s.id", UPSERT))
@@ -211,26 +248,55 @@ def test_partitioned_target(spark: SparkSession, tmp_path: Path) -> None:
     assert stray_files(ours) == set()
 
 
-PLAN_DEPENDENT = {"numTargetFilesAdded", "numTargetBytesAdded", "numTargetPartitionsAddedTo", "scanTimeMs",
-                  "rewriteTimeMs", "executionTimeMs", "materializeSourceTimeMs"}
+PLAN_DEPENDENT = {
+    "numTargetFilesAdded",
+    "numTargetBytesAdded",
+    "numTargetPartitionsAddedTo",
+    "scanTimeMs",
+    "rewriteTimeMs",
+    "executionTimeMs",
+    "materializeSourceTimeMs",
+}
 """What the plan may change: how the added rows are split into files, and where the time went."""
 
 
-@pytest.mark.parametrize(("on", "clauses"), [
-    ("t.id = s.id", UPSERT),
-    ("t.id = s.id", [clause("matched", "delete")]),
-    ("t.id = s.id AND s.id % 3 <> 0", [clause("matched", "update", "t.id % 2 = 0", v="concat(t.v, s.v)"),
-                                        clause("matched", "delete"),
-                                        clause("notMatched", "insert", "s.id % 5 <> 0", id="s.id", v="'new'")]),
-    ("t.id <=> s.id", [clause("matched", "update_all", "s.v <> 's40'"), clause("matched", "delete"),
-                       clause("notMatched", "insert_all")]),
-    ("t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all"),
-                     clause("notMatchedBySource", "delete", "t.id % 3 = 0"),
-                     clause("notMatchedBySource", "update", v="'gone'")]),
-], ids=["upsert", "delete", "conditional", "null_safe", "not_matched_by_source"])
+@pytest.mark.parametrize(
+    ("on", "clauses"),
+    [
+        ("t.id = s.id", UPSERT),
+        ("t.id = s.id", [clause("matched", "delete")]),
+        (
+            "t.id = s.id AND s.id % 3 <> 0",
+            [
+                clause("matched", "update", "t.id % 2 = 0", v="concat(t.v, s.v)"),
+                clause("matched", "delete"),
+                clause("notMatched", "insert", "s.id % 5 <> 0", id="s.id", v="'new'"),
+            ],
+        ),
+        (
+            "t.id <=> s.id",
+            [
+                clause("matched", "update_all", "s.v <> 's40'"),
+                clause("matched", "delete"),
+                clause("notMatched", "insert_all"),
+            ],
+        ),
+        (
+            "t.id = s.id",
+            [
+                clause("matched", "update_all"),
+                clause("notMatched", "insert_all"),
+                clause("notMatchedBySource", "delete", "t.id % 3 = 0"),
+                clause("notMatchedBySource", "update", v="'gone'"),
+            ],
+        ),
+    ],
+    ids=["upsert", "delete", "conditional", "null_safe", "not_matched_by_source"],
+)
 @pytest.mark.parametrize("join", ["broadcast", "key_bitmap", "shuffle"])
-def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any],
-                                    join: str) -> None:
+def test_same_metrics_as_two_passes(
+    spark: SparkSession, tmp_path: Path, on: str, clauses: list[Any], join: str
+) -> None:
     """With the key bitmap, the single pass of a merge with NOT MATCHED clauses counts its actions on the
     source rows met with the target rows the bitmap holds, and derives the copies from the rows written."""
     ids = [*range(0, FILES * ROWS_PER_FILE, 7), *range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 40), None]
@@ -238,13 +304,19 @@ def test_same_metrics_as_two_passes(spark: SparkSession, tmp_path: Path, on: str
     results = {}
     for plan in ("single_pass", "source_keys"):
         target = _target(tmp_path / plan)
-        with find_plan(plan), join_plan(broadcast=join != "shuffle",  # type: ignore[arg-type]
-                                        key_bitmap="held" if join == "key_bitmap" else None):
+        with (
+            find_plan(plan),
+            join_plan(
+                broadcast=join != "shuffle",  # type: ignore[arg-type]
+                key_bitmap="held" if join == "key_bitmap" else None,
+            ),
+        ):
             results[plan] = run_merge(spark, make_spec(target, source, on, clauses))
     one, two = results["single_pass"], results["source_keys"]
     assert one.result == two.result
     assert {k: v for k, v in one.metrics.items() if k not in PLAN_DEPENDENT} == {
-        k: v for k, v in two.metrics.items() if k not in PLAN_DEPENDENT}
+        k: v for k, v in two.metrics.items() if k not in PLAN_DEPENDENT
+    }
     assert rows(tmp_path / "single_pass") == rows(tmp_path / "source_keys")
     assert one.metrics["scanTimeMs"] == 0
 
@@ -264,8 +336,11 @@ def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: l
         routes.append("pairs")
         return real_pairs(*args, **kwargs)
 
-    with _no_find_pass(), join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None), \
-            patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs):
+    with (
+        _no_find_pass(),
+        join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None),
+        patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs),
+    ):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, clauses, configuration=CDF)
     assert routes == (["pairs"] if join == "key_bitmap" and clauses is UPSERT else [])
     assert {k: result.result[k] for k in COUNTS} == expected

@@ -15,8 +15,15 @@ from engine.errors import SourceError, SourceRowError
 def test_values_convert_to_declared_types() -> None:
     table = rows_to_arrow(
         [
-            {"id": "9007199254740993", "amount": "12.50", "ts": "2024-01-01T00:00:00Z", "d": "2024-01-02",
-             "name": "a", "ok": True, "tags": ["x", None]},
+            {
+                "id": "9007199254740993",
+                "amount": "12.50",
+                "ts": "2024-01-01T00:00:00Z",
+                "d": "2024-01-02",
+                "name": "a",
+                "ok": True,
+                "tags": ["x", None],
+            },
             {"id": 2, "amount": 3, "ts": None, "d": None, "name": None, "ok": None},
         ],
         "id BIGINT, amount DECIMAL(10,2), ts TIMESTAMP, d DATE, name STRING, ok BOOLEAN, tags ARRAY<STRING>",

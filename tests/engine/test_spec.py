@@ -22,8 +22,13 @@ SOURCE = RowsSource(rows=[{"id": 1}])
 
 
 def spec(**kwargs: object) -> MergeSpec:
-    base: dict[str, object] = {"target": "/lake/t", "source": SOURCE, "on": "t.id = s.id", "target_alias": "t",
-                               "source_alias": "s"}
+    base: dict[str, object] = {
+        "target": "/lake/t",
+        "source": SOURCE,
+        "on": "t.id = s.id",
+        "target_alias": "t",
+        "source_alias": "s",
+    }
     base.update(kwargs)
     return MergeSpec(**base)  # type: ignore[arg-type]
 
@@ -46,8 +51,10 @@ def test_only_last_clause_may_omit_condition(group: str, label: str) -> None:
     ctype = {"matched": "matched", "not_matched": "notMatched", "not_matched_by_source": "notMatchedBySource"}[group]
     action = InsertAction(star=True) if group == "not_matched" else DeleteAction()
     clauses = (MergeClause(ctype, action, None), MergeClause(ctype, action, "s.id > 1"))  # type: ignore[arg-type]
-    message = (f"When there are more than one {label} clauses in a MERGE statement, only the last {label} clause "
-               "can omit the condition.")
+    message = (
+        f"When there are more than one {label} clauses in a MERGE statement, only the last {label} clause "
+        "can omit the condition."
+    )
     with pytest.raises(MergeSpecError) as info:
         validate_spec(spec(**{group: clauses}))
     assert str(info.value) == message
@@ -129,11 +136,14 @@ def test_parse_merge_sql_with_a_query_source() -> None:
 
 
 def test_merge_with_schema_evolution_syntax() -> None:
-    parsed = parse_merge_sql(" merge with  schema\nevolution into delta.`/lake/t` t USING delta.`/lake/u` s "
-                             "ON t.id = s.id WHEN MATCHED THEN UPDATE SET *")
+    parsed = parse_merge_sql(
+        " merge with  schema\nevolution into delta.`/lake/t` t USING delta.`/lake/u` s "
+        "ON t.id = s.id WHEN MATCHED THEN UPDATE SET *"
+    )
     assert parsed.schema_evolution and parsed.target == "/lake/t"
-    assert not parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/u` s ON t.id = s.id "
-                               "WHEN MATCHED THEN DELETE").schema_evolution
+    assert not parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` t USING delta.`/lake/u` s ON t.id = s.id WHEN MATCHED THEN DELETE"
+    ).schema_evolution
 
 
 @pytest.mark.parametrize(
@@ -169,13 +179,16 @@ def test_keyed_on_splits_keys_and_one_sided_conjuncts() -> None:
     assert [sql(p) for p in keyed.target_only] == ["NOT `t`.`v` IS NULL"]
 
 
-@pytest.mark.parametrize("on", [
-    "t.id = s.id + 1",  # a source expression: distinct keys may meet one target value
-    "t.id = s.id OR t.day = s.day",
-    "t.id = s.id AND t.v < s.n",  # a conjunct over both sides that is no equality
-    "t.v < 3",  # no key at all
-    "t.id = s.id AND x > 1",  # a reference that names neither side
-])
+@pytest.mark.parametrize(
+    "on",
+    [
+        "t.id = s.id + 1",  # a source expression: distinct keys may meet one target value
+        "t.id = s.id OR t.day = s.day",
+        "t.id = s.id AND t.v < s.n",  # a conjunct over both sides that is no equality
+        "t.v < 3",  # no key at all
+        "t.id = s.id AND x > 1",  # a reference that names neither side
+    ],
+)
 def test_keyed_on_refuses_what_does_not_pin_one_source_key(on: str) -> None:
     assert keyed_on(on, SIDES) is None
 
@@ -184,91 +197,141 @@ def test_a_clause_may_not_name_the_side_it_cannot_see() -> None:
     """NOT MATCHED clauses see only the source and NOT MATCHED BY SOURCE clauses only the target: naming the
     other alias is refused before any table is read, naming the clause's field, with Delta's reason."""
     insert = MergeClause("notMatched", InsertAction(values={"id": "s.id", "v": "upper(T.v)"}))
-    with pytest.raises(MergeResolutionError, match=r"when_not_matched\[0\]\.values\.v: .*WHEN NOT MATCHED "
-                                                   r"clauses can only refer to the source \(s\)"):
+    with pytest.raises(
+        MergeResolutionError,
+        match=r"when_not_matched\[0\]\.values\.v: .*WHEN NOT MATCHED "
+        r"clauses can only refer to the source \(s\)",
+    ):
         validate_spec(spec(not_matched=(insert,)))
     by_source = MergeClause("notMatchedBySource", DeleteAction(), "t.day < s.day")
-    with pytest.raises(MergeResolutionError, match=r"when_not_matched_by_source\[0\]\.condition: .*only refer "
-                                                   r"to the target \(t\)"):
+    with pytest.raises(
+        MergeResolutionError,
+        match=r"when_not_matched_by_source\[0\]\.condition: .*only refer "
+        r"to the target \(t\)",
+    ):
         validate_spec(spec(not_matched_by_source=(by_source,)))
     # Each side's own columns, bare columns and lambda variables named like the other alias are fine.
-    validate_spec(spec(
-        matched=(matched(UpdateAction(set={"v": "concat(t.v, s.v)"}), "t.v <> s.v"),),
-        not_matched=(MergeClause("notMatched", InsertAction(values={"id": "id", "v": "s.v"}), "s.id > 0"),),
-        not_matched_by_source=(MergeClause("notMatchedBySource", UpdateAction(
-            set={"v": "aggregate(t.tags, '', (acc, s) -> concat(acc, s))",
-                 "w": "transform(t.items, s -> s.price * 2)"})),),
-    ))
+    validate_spec(
+        spec(
+            matched=(matched(UpdateAction(set={"v": "concat(t.v, s.v)"}), "t.v <> s.v"),),
+            not_matched=(MergeClause("notMatched", InsertAction(values={"id": "id", "v": "s.v"}), "s.id > 0"),),
+            not_matched_by_source=(
+                MergeClause(
+                    "notMatchedBySource",
+                    UpdateAction(
+                        set={
+                            "v": "aggregate(t.tags, '', (acc, s) -> concat(acc, s))",
+                            "w": "transform(t.items, s -> s.price * 2)",
+                        }
+                    ),
+                ),
+            ),
+        )
+    )
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("{P} WHEN MATCHED THEN UPDATE SET * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
-    ("{P} WHEN NOT MATCHED THEN INSERT * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
-    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` VERSION AS OF 3 s ON t.id = s.id WHEN MATCHED THEN DELETE",
-     r"USING: time travel"),
-    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` TIMESTAMP AS OF '2024-01-01' s ON t.id = s.id "
-     "WHEN MATCHED THEN DELETE", r"USING: time travel"),
-    ("MERGE INTO delta.`/lake/t` t USING (SELECT * FROM delta.`/lake/a` TABLESAMPLE (10 PERCENT)) s ON t.id = s.id "
-     "WHEN MATCHED THEN DELETE", r"TABLESAMPLE is not supported"),
-    ("MERGE INTO delta.`/lake/t` VERSION AS OF 3 t USING delta.`/lake/s` s ON t.id = s.id WHEN MATCHED THEN DELETE",
-     r"MERGE INTO: time travel"),
-    ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s WHEN MATCHED THEN DELETE", r"MERGE needs USING and ON"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{P} WHEN MATCHED THEN UPDATE SET * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
+        ("{P} WHEN NOT MATCHED THEN INSERT * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
+        (
+            "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` VERSION AS OF 3 s ON t.id = s.id "
+            "WHEN MATCHED THEN DELETE",
+            r"USING: time travel",
+        ),
+        (
+            "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` TIMESTAMP AS OF '2024-01-01' s ON t.id = s.id "
+            "WHEN MATCHED THEN DELETE",
+            r"USING: time travel",
+        ),
+        (
+            "MERGE INTO delta.`/lake/t` t USING (SELECT * FROM delta.`/lake/a` TABLESAMPLE (10 PERCENT)) s "
+            "ON t.id = s.id "
+            "WHEN MATCHED THEN DELETE",
+            r"TABLESAMPLE is not supported",
+        ),
+        (
+            "MERGE INTO delta.`/lake/t` VERSION AS OF 3 t USING delta.`/lake/s` s ON t.id = s.id "
+            "WHEN MATCHED THEN DELETE",
+            r"MERGE INTO: time travel",
+        ),
+        ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s WHEN MATCHED THEN DELETE", r"MERGE needs USING and ON"),
+    ],
+)
 def test_sql_that_would_change_meaning_is_refused(text: str, message: str) -> None:
     """Syntax the engine does not carry out is refused by name, never dropped: a merge must do what it says."""
     with pytest.raises(MergeSpecError, match=message):
-        validate_spec(parse_merge_sql(text.format(P="MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s "
-                                                    "ON t.id = s.id")))
+        validate_spec(
+            parse_merge_sql(text.format(P="MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id"))
+        )
 
 
 def test_a_source_query_may_define_its_own_names_with_with() -> None:
-    spec = validate_spec(parse_merge_sql(
-        "MERGE INTO delta.`/lake/t` t USING (WITH c AS (SELECT id FROM delta.`/lake/a`) SELECT * FROM c) s "
-        "ON t.id = s.id WHEN MATCHED THEN DELETE"))
+    spec = validate_spec(
+        parse_merge_sql(
+            "MERGE INTO delta.`/lake/t` t USING (WITH c AS (SELECT id FROM delta.`/lake/a`) SELECT * FROM c) s "
+            "ON t.id = s.id WHEN MATCHED THEN DELETE"
+        )
+    )
     assert isinstance(spec.source, QuerySource)
     assert list(spec.source.relations.values()) == [TableSource(format="delta", path="/lake/a")]
     assert "FROM c" in spec.source.query
 
 
 def test_sql_comments_before_merge_with_schema_evolution_and_exists_lambdas() -> None:
-    spec = validate_spec(parse_merge_sql(
-        "-- nightly load\n/* owner: data */ MERGE WITH SCHEMA EVOLUTION INTO delta.`/lake/t` t "
-        "USING delta.`/lake/s` s ON t.id = s.id "
-        "WHEN MATCHED AND exists(s.tags, x -> x = 'vip') THEN UPDATE SET flag = exists(s.codes, c -> c > 1)"))
+    spec = validate_spec(
+        parse_merge_sql(
+            "-- nightly load\n/* owner: data */ MERGE WITH SCHEMA EVOLUTION INTO delta.`/lake/t` t "
+            "USING delta.`/lake/s` s ON t.id = s.id "
+            "WHEN MATCHED AND exists(s.tags, x -> x = 'vip') THEN UPDATE SET flag = exists(s.codes, c -> c > 1)"
+        )
+    )
     assert spec.schema_evolution
     assert spec.matched[0].condition is not None and "x -> x = 'vip'" in spec.matched[0].condition
     # EXISTS over a query is still a subquery.
     with pytest.raises(MergeSpecError, match="subqueries are not supported"):
-        validate_spec(parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id "
-                                      "WHEN MATCHED AND EXISTS (SELECT 1) THEN DELETE"))
+        validate_spec(
+            parse_merge_sql(
+                "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id "
+                "WHEN MATCHED AND EXISTS (SELECT 1) THEN DELETE"
+            )
+        )
 
 
 def test_unaliased_tables_answer_to_their_names_as_in_spark() -> None:
     """Without AS, Spark qualifies a path table's columns by its name (``delta.`/p`.c`` or `` `/p`.c``); the spec
     calls the two sides ``target`` and ``source``, so those names are read as the aliases."""
-    spec = validate_spec(parse_merge_sql(
-        "MERGE INTO delta.`/lake/t` USING delta.`/lake/s` ON delta.`/lake/t`.id = delta.`/lake/s`.id "
-        "WHEN MATCHED AND `/lake/s`.op = 'D' THEN DELETE "
-        "WHEN MATCHED THEN UPDATE SET delta.`/lake/t`.v = `/lake/s`.v "
-        "WHEN NOT MATCHED THEN INSERT (id, v) VALUES (delta.`/lake/s`.id, source.v)"))
+    spec = validate_spec(
+        parse_merge_sql(
+            "MERGE INTO delta.`/lake/t` USING delta.`/lake/s` ON delta.`/lake/t`.id = delta.`/lake/s`.id "
+            "WHEN MATCHED AND `/lake/s`.op = 'D' THEN DELETE "
+            "WHEN MATCHED THEN UPDATE SET delta.`/lake/t`.v = `/lake/s`.v "
+            "WHEN NOT MATCHED THEN INSERT (id, v) VALUES (delta.`/lake/s`.id, source.v)"
+        )
+    )
     assert (spec.target_alias, spec.source_alias, spec.on) == ("target", "source", "target.id = source.id")
     assert spec.matched[0].condition == "source.op = 'D'"
     assert spec.matched[1].action == UpdateAction(set={"target.v": "source.v"})
     assert spec.not_matched[0].action == InsertAction(values={"id": "source.id", "v": "source.v"})
     # An alias hides the table's name, as in Spark: the name is left for resolution to refuse.
-    aliased = parse_merge_sql("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = delta.`/lake/s`.id "
-                              "WHEN MATCHED THEN DELETE")
+    aliased = parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = delta.`/lake/s`.id WHEN MATCHED THEN DELETE"
+    )
     assert aliased.on == "t.id = delta.`/lake/s`.id"
     # A table merged into itself without aliases stays ambiguous.
-    itself = parse_merge_sql("MERGE INTO delta.`/lake/t` USING delta.`/lake/t` ON `/lake/t`.id = `/lake/t`.id "
-                             "WHEN MATCHED THEN DELETE")
+    itself = parse_merge_sql(
+        "MERGE INTO delta.`/lake/t` USING delta.`/lake/t` ON `/lake/t`.id = `/lake/t`.id WHEN MATCHED THEN DELETE"
+    )
     assert itself.on == "`/lake/t`.id = `/lake/t`.id"
 
 
 def test_a_source_query_may_qualify_columns_by_its_tables_names() -> None:
     spec = parse_merge_sql(
         "MERGE INTO delta.`/lake/t` t USING (SELECT delta.`/lake/a`.id, `/lake/a`.v FROM delta.`/lake/a` "
-        "WHERE delta.`/lake/a`.v > 1) s ON t.id = s.id WHEN MATCHED THEN DELETE")
+        "WHERE delta.`/lake/a`.v > 1) s ON t.id = s.id WHEN MATCHED THEN DELETE"
+    )
     assert isinstance(spec.source, QuerySource)
-    assert spec.source.query == ("SELECT `/lake/a`.id, `/lake/a`.v FROM __merge_source_0 AS `/lake/a` "
-                                 "WHERE `/lake/a`.v > 1")
+    assert spec.source.query == (
+        "SELECT `/lake/a`.id, `/lake/a`.v FROM __merge_source_0 AS `/lake/a` WHERE `/lake/a`.v > 1"
+    )

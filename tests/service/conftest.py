@@ -74,10 +74,13 @@ class PostgresServer:
             shutil.chown(self.dir, "postgres", "postgres")
             self.as_user = ["runuser", "-u", "postgres", "--"]
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-                   "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "server.log"), "-w",
-                  "-t", "60", "start")
+        options = (
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "server.log"), "-w", "-t", "60", "start"
+        )
         self.admin_url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str) -> None:
@@ -90,8 +93,7 @@ class PostgresServer:
     def _admin(self, sql: str) -> None:
         import psycopg
 
-        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres", autocommit=True) as conn:
             conn.execute(sql)
 
     def create_database(self) -> str:

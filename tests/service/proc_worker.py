@@ -76,8 +76,17 @@ class LedgerRunner:
                 if entries and entries[-1]["txn"] > txn.version:
                     violation(self.dir, f"{job.lease.job_id} (seq {txn.version}) ran after seq {entries[-1]['txn']}")
                 with open(ledger_path, "a") as ledger:
-                    ledger.write(json.dumps({"app_id": txn.app_id, "txn": txn.version, "job": job.lease.job_id,
-                                             "attempt": job.lease.attempt}) + "\n")
+                    ledger.write(
+                        json.dumps(
+                            {
+                                "app_id": txn.app_id,
+                                "txn": txn.version,
+                                "job": job.lease.job_id,
+                                "attempt": job.lease.attempt,
+                            }
+                        )
+                        + "\n"
+                    )
                     ledger.flush()
                     os.fsync(ledger.fileno())
                 version = len(entries)

@@ -76,8 +76,21 @@ def test_submit_answers_202_with_location_and_retry_after(client: TestClient, ta
     job = response.json()
     assert response.headers["location"] == f"/merges/{job['id']}"
     assert response.headers["retry-after"] == "2"
-    assert set(job) == {"id", "status", "phase", "target", "submitted_at", "started_at", "finished_at",
-                        "attempts", "dry_run", "table_version", "result", "metrics", "error"}
+    assert set(job) == {
+        "id",
+        "status",
+        "phase",
+        "target",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "attempts",
+        "dry_run",
+        "table_version",
+        "result",
+        "metrics",
+        "error",
+    }
     assert (job["status"], job["phase"], job["target"], job["attempts"]) == ("queued", "queued", target, 0)
     assert job["submitted_at"].endswith("Z")
     read = client.get(f"/merges/{job['id']}")
@@ -86,9 +99,11 @@ def test_submit_answers_202_with_location_and_retry_after(client: TestClient, ta
 
 def test_sql_body_and_file_uri(client: TestClient, target: str, lake: Path) -> None:
     (lake / "updates").mkdir()
-    sql = (f"MERGE INTO delta.`file://{target}` AS t USING delta.`{lake}/updates` AS s ON t.id = s.id "
-           "WHEN MATCHED AND s.op = 'D' THEN DELETE WHEN MATCHED THEN UPDATE SET amount = s.amount "
-           "WHEN NOT MATCHED THEN INSERT *")
+    sql = (
+        f"MERGE INTO delta.`file://{target}` AS t USING delta.`{lake}/updates` AS s ON t.id = s.id "
+        "WHEN MATCHED AND s.op = 'D' THEN DELETE WHEN MATCHED THEN UPDATE SET amount = s.amount "
+        "WHEN NOT MATCHED THEN INSERT *"
+    )
     response = client.post("/merges", json={"sql": sql})
     assert response.status_code == 202, response.text
     listed = client.get("/merges", params={"target": target}).json()["items"]
@@ -111,13 +126,21 @@ def test_sql_body_takes_dry_run_and_schema_evolution(client: TestClient, target:
     [
         ({"when_matched": [{"action": "delete"}, {"action": "update_all"}]}, "when_matched[0].condition"),
         ({"when_matched": [{"action": "update", "set": {"amount": "s.amount +"}}]}, "when_matched[0].set.amount"),
-        ({"when_matched": [{"condition": "s.op = 'D'", "action": "delete"},
-                           {"condition": "reflect('java.lang.Runtime', 'getRuntime')", "action": "update_all"}]},
-         "when_matched[1].condition"),
+        (
+            {
+                "when_matched": [
+                    {"condition": "s.op = 'D'", "action": "delete"},
+                    {"condition": "reflect('java.lang.Runtime', 'getRuntime')", "action": "update_all"},
+                ]
+            },
+            "when_matched[1].condition",
+        ),
         ({"on": "t.id = s.id AND java_method('java.lang.System', 'exit', 1) = 1"}, "on"),
         ({"on": "t.id IN (SELECT id FROM other)"}, "on"),
-        ({"when_not_matched": [{"action": "insert", "values": {"id": "rand()"}, "condition": "rand() > 0.5"}]},
-         "when_not_matched[0].condition"),
+        (
+            {"when_not_matched": [{"action": "insert", "values": {"id": "rand()"}, "condition": "rand() > 0.5"}]},
+            "when_not_matched[0].condition",
+        ),
         ({"when_matched": [], "when_not_matched": []}, "when_matched"),
         ({"when_matched": [{"action": "insert_all"}]}, "when_matched[0]"),
         ({"when_not_matched_by_source": [{"action": "update_all"}]}, "when_not_matched_by_source[0]"),
@@ -133,10 +156,14 @@ def test_sql_body_takes_dry_run_and_schema_evolution(client: TestClient, target:
         ({"dry_run": 1}, "dry_run"),
         ({"schema_evolution": "true"}, "schema_evolution"),
         # A clause that sees one side only may not name the other (no schema needed to know it).
-        ({"when_not_matched": [{"action": "insert", "values": {"id": "s.id", "amount": "t.amount"}}]},
-         "when_not_matched[0].values.amount"),
-        ({"when_not_matched_by_source": [{"condition": "s.op = 'D'", "action": "delete"}]},
-         "when_not_matched_by_source[0].condition"),
+        (
+            {"when_not_matched": [{"action": "insert", "values": {"id": "s.id", "amount": "t.amount"}}]},
+            "when_not_matched[0].values.amount",
+        ),
+        (
+            {"when_not_matched_by_source": [{"condition": "s.op = 'D'", "action": "delete"}]},
+            "when_not_matched_by_source[0].condition",
+        ),
     ],
 )
 def test_invalid_specs_are_422_naming_the_field_and_enqueue_nothing(
@@ -150,8 +177,10 @@ def test_invalid_specs_are_422_naming_the_field_and_enqueue_nothing(
 def test_invalid_sql_is_422(client: TestClient, target: str) -> None:
     response = client.post("/merges", json={"sql": "MERGE INTO nowhere"})
     assert_problem(response, 422, "sql")
-    forbidden = (f"MERGE INTO delta.`{target}` t USING delta.`{target}` s ON t.id = s.id "
-                 "WHEN MATCHED AND reflect('java.lang.Thread', 'sleep', 1) IS NULL THEN DELETE")
+    forbidden = (
+        f"MERGE INTO delta.`{target}` t USING delta.`{target}` s ON t.id = s.id "
+        "WHEN MATCHED AND reflect('java.lang.Thread', 'sleep', 1) IS NULL THEN DELETE"
+    )
     assert_problem(client.post("/merges", json={"sql": forbidden}), 422, "sql")
     assert queued(client) == 0
 
@@ -179,8 +208,7 @@ def test_malformed_bodies_are_problems(client: TestClient) -> None:
         "{lake}/t\x00",
     ],
 )
-def test_paths_must_resolve_inside_a_lake_root(client: TestClient, lake: Path, tmp_path: Path,
-                                               location: str) -> None:
+def test_paths_must_resolve_inside_a_lake_root(client: TestClient, lake: Path, tmp_path: Path, location: str) -> None:
     outside = tmp_path / "outside"
     outside.mkdir(exist_ok=True)
     if not (lake / "link").exists():
@@ -288,8 +316,12 @@ def test_bearer_tokens(settings: Settings, target: str) -> None:
     manager = JobManager.from_url(secured.database_url)
     manager.migrate()
     client = TestClient(create_app(secured, manager=manager))
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic czNjcmV0"},
-                    {"Authorization": "Bearer s3cre"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Basic czNjcmV0"},
+        {"Authorization": "Bearer s3cre"},
+    ):
         response = client.post("/merges", json=spec(target), headers=headers)
         assert_problem(response, 401)
         assert response.headers["www-authenticate"].startswith("Bearer")
@@ -350,8 +382,7 @@ def test_metrics(client: TestClient, target: str, clock: FakeClock) -> None:
 
 def test_openapi_describes_the_contract(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
-    assert set(doc["paths"]) == {"/merges", "/merges/{id}", "/merges/{id}/cancel", "/healthz", "/readyz",
-                                 "/metrics"}
+    assert set(doc["paths"]) == {"/merges", "/merges/{id}", "/merges/{id}/cancel", "/healthz", "/readyz", "/metrics"}
     post = doc["paths"]["/merges"]["post"]
     assert set(post["responses"]) >= {"202", "200", "401", "409", "413", "422", "503"}
     assert "application/problem+json" in post["responses"]["422"]["content"]
@@ -360,6 +391,18 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert len(body["oneOf"]) == 2
     assert "HTTPValidationError" not in str(doc)
     job = doc["components"]["schemas"]["JobOut"]
-    assert set(job["properties"]) == {"id", "status", "phase", "target", "submitted_at", "started_at",
-                                      "finished_at", "attempts", "dry_run", "table_version", "result",
-                                      "metrics", "error"}
+    assert set(job["properties"]) == {
+        "id",
+        "status",
+        "phase",
+        "target",
+        "submitted_at",
+        "started_at",
+        "finished_at",
+        "attempts",
+        "dry_run",
+        "table_version",
+        "result",
+        "metrics",
+        "error",
+    }

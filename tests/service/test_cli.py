@@ -35,11 +35,16 @@ def _free_port() -> int:
 
 def _start_api(env: dict[str, str], *args: str, timeout: float = 90) -> tuple[subprocess.Popen[bytes], int]:
     """Migrate, start ``merge-service api`` as a deployment would, and wait until it answers /readyz with 200."""
-    subprocess.run([sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "service.cli", "migrate"], env=env, check=True, timeout=120, capture_output=True
+    )
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "api", "--port", str(port), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "api", "--port", str(port), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -90,8 +95,9 @@ def test_server_and_access_logs_are_json_lines(tmp_path: Path) -> None:
     server = [r for r in records if r.get("logger") == "uvicorn.error"]
     assert any("Started server process" in r["event"] for r in server)
     access = [r for r in records if r.get("logger") == "uvicorn.access"]
-    assert {"method": "GET", "path": "/merges/01NOSUCHJOB?x=1", "status": 404, "http_version": "1.1"}.items() \
-        <= access[-1].items()
+    assert {"method": "GET", "path": "/merges/01NOSUCHJOB?x=1", "status": 404, "http_version": "1.1"}.items() <= access[
+        -1
+    ].items()
     assert access[-1]["client"].startswith("127.0.0.1:")
 
 
@@ -104,8 +110,12 @@ def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
     try:
         servers = [p for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
         assert len(servers) == 2
-        body = {"target": str(tmp_path / "lake" / "t"), "source": {"rows": [{"id": 1}], "schema": "id BIGINT"},
-                "on": "target.id = source.id", "when_not_matched": [{"action": "insert_all"}]}
+        body = {
+            "target": str(tmp_path / "lake" / "t"),
+            "source": {"rows": [{"id": 1}], "schema": "id BIGINT"},
+            "on": "target.id = source.id",
+            "when_not_matched": [{"action": "insert_all"}],
+        }
         ids = []
         for _ in range(20):  # new connections, so the kernel spreads them over both processes
             with httpx.Client() as client:
@@ -125,7 +135,8 @@ def test_api_with_several_processes_serves_and_stops(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("cpus", "expected"), [(None, 1), (1, 1), (2, 2), (16, 4)])
 def test_default_api_processes_follow_the_command_and_the_database(
-        monkeypatch: pytest.MonkeyPatch, cpus: int | None, expected: int) -> None:
+    monkeypatch: pytest.MonkeyPatch, cpus: int | None, expected: int
+) -> None:
     from service.settings import default_api_processes
 
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)

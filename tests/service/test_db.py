@@ -193,9 +193,12 @@ def test_postgres_connections_idle_past_the_threshold_are_checked_before_use(
     # The server drops every connection of the pool (a restart, a failover, an idle timeout on the way).
     admin = sqlalchemy.create_engine(postgres_server.admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sqlalchemy.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"
-        ), {"db": url.rsplit("/", 1)[1]})
+        conn.execute(
+            sqlalchemy.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"
+            ),
+            {"db": url.rsplit("/", 1)[1]},
+        )
     admin.dispose()
     time.sleep(PING_AFTER_IDLE_SECONDS + 0.2)
     assert manager.get(job.id).id == job.id

@@ -49,8 +49,13 @@ def test_api_conforms_to_its_openapi(fuzz_app: FastAPI) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-                  phases=[Phase.explicit, Phase.generate])  # bounded: report failures unshrunk
+        @settings(
+            max_examples=40,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+        )  # bounded: report failures unshrunk
         def check(case: schemathesis.Case) -> None:
             case.call_and_validate(checks=CHECKS)
 

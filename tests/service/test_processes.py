@@ -91,8 +91,7 @@ def assert_exactly_once(manager: JobManager, ledger: Path, job_ids: dict[str, li
 
 
 @pytest.mark.slow
-def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: JobManager,
-                                                                       workers: Workers) -> None:
+def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: JobManager, workers: Workers) -> None:
     crash_at = {f"/lake/{phase}": phase for phase in CRASH_PHASES}
     ids = {target: [submit(jobs_db, target)] for target in crash_at}
     doomed = [workers.start(crash_at=crash_at) for _ in CRASH_PHASES]
@@ -103,8 +102,7 @@ def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: J
         proc.wait()
     for target, phase in crash_at.items():  # the rows still say the dead workers hold them
         job = jobs_db.get(ids[target][0])
-        assert job.status is Status.RUNNING and job.phase.value == ("committing" if phase == "after_commit"
-                                                                     else phase)
+        assert job.status is Status.RUNNING and job.phase.value == ("committing" if phase == "after_commit" else phase)
     workers.start(crash_at=crash_at)
     wait_until(lambda: all(jobs_db.get(i[0]).finished for i in ids.values()), timeout=60)
     assert_exactly_once(jobs_db, workers.ledger, ids)

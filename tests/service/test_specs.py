@@ -71,15 +71,24 @@ def test_the_memo_is_bounded(calls: list[Any]) -> None:
 def test_source_options_take_json_scalars_as_spark_strings(tmp_path: Any) -> None:
     from service.paths import LakeRoots
 
-    body = specs.parse_request({
-        "target": str(tmp_path / "t"),
-        "source": {"format": "csv", "path": str(tmp_path / "s.csv"),
-                   "options": {"header": True, "sep": ";", "samplingRatio": 0.5, "maxColumns": 40}},
-        "on": "t.id = s.id",
-        "when_not_matched": [{"action": "insert_all"}],
-    })
+    body = specs.parse_request(
+        {
+            "target": str(tmp_path / "t"),
+            "source": {
+                "format": "csv",
+                "path": str(tmp_path / "s.csv"),
+                "options": {"header": True, "sep": ";", "samplingRatio": 0.5, "maxColumns": 40},
+            },
+            "on": "t.id = s.id",
+            "when_not_matched": [{"action": "insert_all"}],
+        }
+    )
     built = specs.build_merge(body, LakeRoots([tmp_path]))
     assert built.spec.source.options == {"header": "true", "sep": ";", "samplingRatio": "0.5", "maxColumns": "40"}
     with pytest.raises(pydantic.ValidationError, match="options"):
-        specs.parse_request({**body.model_dump(by_alias=True), "source": {
-            "format": "csv", "path": str(tmp_path / "s.csv"), "options": {"header": ["no"]}}})
+        specs.parse_request(
+            {
+                **body.model_dump(by_alias=True),
+                "source": {"format": "csv", "path": str(tmp_path / "s.csv"), "options": {"header": ["no"]}},
+            }
+        )

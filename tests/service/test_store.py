@@ -26,8 +26,7 @@ CANCELLED = {"type": "urn:test:cancelled", "title": "Merge cancelled"}
 
 
 def new(target: str = "/lake/a", **kw: object) -> NewJob:
-    return NewJob(target=target, target_key=target, spec={"sql": f"MERGE INTO {target}"}, dry_run=False,
-                  **kw)  # type: ignore[arg-type]
+    return NewJob(target=target, target_key=target, spec={"sql": f"MERGE INTO {target}"}, dry_run=False, **kw)  # type: ignore[arg-type]
 
 
 def test_submit_and_read_back(store: JobManager, clock: FakeClock) -> None:
@@ -135,10 +134,22 @@ def test_one_running_job_per_table_is_enforced_by_the_database(store: JobManager
     store.submit(new("/lake/a"))
     assert store.claim("w") is not None
     with pytest.raises(IntegrityError), store.engine.begin() as conn:
-        conn.execute(insert(jobs).values(
-            id="X" * 26, status="running", phase="queued", target="/lake/a", target_key="/lake/a", spec={},
-            dry_run=False, submitted_at=clock.now, attempts=1, cancel_requested=False, next_run_at=clock.now,
-            updated_at=clock.now))
+        conn.execute(
+            insert(jobs).values(
+                id="X" * 26,
+                status="running",
+                phase="queued",
+                target="/lake/a",
+                target_key="/lake/a",
+                spec={},
+                dry_run=False,
+                submitted_at=clock.now,
+                attempts=1,
+                cancel_requested=False,
+                next_run_at=clock.now,
+                updated_at=clock.now,
+            )
+        )
 
 
 def test_concurrent_claimers_keep_per_table_order(store: JobManager) -> None:
@@ -294,8 +305,7 @@ def test_a_cancel_never_ends_a_job_whose_commit_may_have_landed(store: JobManage
     assert store.get(job.id).status is Status.CANCELLED
 
 
-def test_a_cancel_before_any_commit_started_still_ends_a_requeued_job(store: JobManager,
-                                                                       clock: FakeClock) -> None:
+def test_a_cancel_before_any_commit_started_still_ends_a_requeued_job(store: JobManager, clock: FakeClock) -> None:
     job = store.submit(new())[0]
     claimed = store.claim("w")
     assert claimed is not None
@@ -311,8 +321,12 @@ def test_a_cancel_before_any_commit_started_still_ends_a_requeued_job(store: Job
 def test_transitions_refuse_invalid_moves() -> None:
     check_transition(Status.QUEUED, Status.RUNNING)
     check_transition(Status.RUNNING, Status.QUEUED)
-    for frm, to in ((Status.SUCCEEDED, Status.RUNNING), (Status.QUEUED, Status.SUCCEEDED),
-                    (Status.CANCELLED, Status.QUEUED), (Status.FAILED, Status.SUCCEEDED)):
+    for frm, to in (
+        (Status.SUCCEEDED, Status.RUNNING),
+        (Status.QUEUED, Status.SUCCEEDED),
+        (Status.CANCELLED, Status.QUEUED),
+        (Status.FAILED, Status.SUCCEEDED),
+    ):
         with pytest.raises(InvalidTransitionError):
             check_transition(frm, to)
 
@@ -360,11 +374,15 @@ def test_upgrade_keeps_jobs_keys_and_the_sequence(database_url: str) -> None:
         conn.commit()
     with manager.engine.begin() as conn:
         for seq, key in ((1, "k1"), (2, None), (3, "k3")):
-            conn.execute(text(
-                "INSERT INTO merge_jobs (id, status, phase, target, target_key, spec, dry_run, submitted_at, "
-                "attempts, idempotency_key, request_hash, cancel_requested, next_run_at, updated_at) VALUES "
-                "(:id, 'queued', 'queued', '/lake/a', '/lake/a', '{}', false, :now, 0, :key, 'h', false, :now, :now)"
-            ), {"id": f"0000000000000000000000000{seq}", "key": key, "now": "2026-01-01 00:00:00"})
+            conn.execute(
+                text(
+                    "INSERT INTO merge_jobs (id, status, phase, target, target_key, spec, dry_run, submitted_at, "
+                    "attempts, idempotency_key, request_hash, cancel_requested, next_run_at, updated_at) VALUES "
+                    "(:id, 'queued', 'queued', '/lake/a', '/lake/a', '{}', false, :now, 0, :key, 'h', false, "
+                    ":now, :now)"
+                ),
+                {"id": f"0000000000000000000000000{seq}", "key": key, "now": "2026-01-01 00:00:00"},
+            )
         conn.execute(text("DELETE FROM merge_jobs WHERE id = '00000000000000000000000003'"))
     manager.migrate()
     assert manager.schema_at_head()

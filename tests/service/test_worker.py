@@ -110,8 +110,12 @@ def test_final_errors_fail_at_once(settings: Settings, manager: JobManager) -> N
     make_worker(settings, manager, FakeRunner(missing)).run_once()
     job = manager.get(job_id)
     assert job.status is Status.FAILED and job.attempts == 1
-    assert job.error == {"type": "urn:merge-service:problem:table-not-found", "title": "Table not found",
-                         "detail": "No Delta table at /lake/a (no _delta_log).", "status": 404}
+    assert job.error == {
+        "type": "urn:merge-service:problem:table-not-found",
+        "title": "Table not found",
+        "detail": "No Delta table at /lake/a (no _delta_log).",
+        "status": 404,
+    }
 
 
 def test_transient_errors_retry_with_backoff_then_succeed(settings: Settings, manager: JobManager) -> None:
@@ -238,8 +242,13 @@ def test_a_worker_that_lost_its_lease_never_commits(settings: Settings, manager:
     # The silent worker's heartbeats stop (a long GC pause, a network partition).
     silent_hb = threading.Thread(target=silent.run_once)
     original = manager.heartbeat
-    manager.heartbeat = lambda lease: (_ for _ in ()).throw(  # type: ignore[method-assign]
-        DatabaseUnavailableError("partitioned")) if lease.attempt == 1 else original(lease)
+    manager.heartbeat = lambda lease: (
+        (_ for _ in ()).throw(  # type: ignore[method-assign]
+            DatabaseUnavailableError("partitioned")
+        )
+        if lease.attempt == 1
+        else original(lease)
+    )
     try:
         silent_hb.start()
         assert stalled.wait(5)

@@ -19,21 +19,29 @@ def typed_rows(start: int, count: int) -> pa.Table:
     def maybe(i: int, value: object) -> object:
         return None if i % 7 == 3 else value
 
-    return pa.table({
-        "id": pa.array(ids, pa.int64()),
-        "i32": pa.array([maybe(i, i * 3 - 50) for i in ids], pa.int32()),
-        "amount": pa.array([maybe(i, Decimal(i * 125) / 100) for i in ids], pa.decimal128(12, 2)),
-        "ratio": pa.array([maybe(i, i / 8 - 3.0) for i in ids], pa.float64()),
-        "name": pa.array([maybe(i, f"name-{i:04d}" + ("x" * 40 if i % 5 == 0 else "") + " é✓") for i in ids]),
-        "day": pa.array([maybe(i, dt.date(2020, 1, 1) + dt.timedelta(days=i)) for i in ids], pa.date32()),
-        "at": pa.array([maybe(i, dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i * 3601,
-                                                                                   microseconds=i * 7))
-                        for i in ids], pa.timestamp("us", tz="UTC")),
-        "flag": pa.array([maybe(i, i % 2 == 0) for i in ids], pa.bool_()),
-        "info": pa.array([maybe(i, {"k": i, "label": f"l{i % 3}"}) for i in ids],
-                         pa.struct([("k", pa.int64()), ("label", pa.string())])),
-        "region": pa.array([None if i % 11 == 0 else ["eu", "us", "apac"][i % 3] for i in ids]),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "i32": pa.array([maybe(i, i * 3 - 50) for i in ids], pa.int32()),
+            "amount": pa.array([maybe(i, Decimal(i * 125) / 100) for i in ids], pa.decimal128(12, 2)),
+            "ratio": pa.array([maybe(i, i / 8 - 3.0) for i in ids], pa.float64()),
+            "name": pa.array([maybe(i, f"name-{i:04d}" + ("x" * 40 if i % 5 == 0 else "") + " é✓") for i in ids]),
+            "day": pa.array([maybe(i, dt.date(2020, 1, 1) + dt.timedelta(days=i)) for i in ids], pa.date32()),
+            "at": pa.array(
+                [
+                    maybe(i, dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(seconds=i * 3601, microseconds=i * 7))
+                    for i in ids
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "flag": pa.array([maybe(i, i % 2 == 0) for i in ids], pa.bool_()),
+            "info": pa.array(
+                [maybe(i, {"k": i, "label": f"l{i % 3}"}) for i in ids],
+                pa.struct([("k", pa.int64()), ("label", pa.string())]),
+            ),
+            "region": pa.array([None if i % 11 == 0 else ["eu", "us", "apac"][i % 3] for i in ids]),
+        }
+    )
 
 
 @pytest.fixture

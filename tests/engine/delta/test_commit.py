@@ -21,9 +21,12 @@ MERGE_METRICS = {"numTargetRowsInserted": 2, "numTargetRowsDeleted": 1, "numOutp
 
 def _base(lake: Path, **config: str) -> Path:
     path = lake / "t"
-    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"],
-                                         "p": ["x", "y", "x"]}),
-                    partition_by=["p"], configuration=config or None)
+    write_deltalake(
+        str(path),
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"], "p": ["x", "y", "x"]}),
+        partition_by=["p"],
+        configuration=config or None,
+    )
     return path
 
 
@@ -35,14 +38,19 @@ def test_merge_commit_reads_back_in_deltalake(lake: Path) -> None:
     path = _base(lake)
     snapshot = load_snapshot(str(path))
     touched = next(f for f in snapshot.files if f.partition_values["p"] == "y")
-    added = [parquet_add(snapshot, _data([2, 20], "u"), partition={"p": "y"}, write_id="merge-1"),
-             parquet_add(snapshot, _data([30]), partition={"p": "z"}, write_id="merge-1")]
+    added = [
+        parquet_add(snapshot, _data([2, 20], "u"), partition={"p": "y"}, write_id="merge-1"),
+        parquet_add(snapshot, _data([30]), partition={"p": "z"}, write_id="merge-1"),
+    ]
     txn = Transaction(snapshot)
     txn.record_read([touched], "p = 'y'")
     txn.set_app_transaction("job-1", 5)
-    version = txn.commit([touched.to_remove(), *added], operation="MERGE",
-                         operation_parameters={"predicate": '["t.id = s.id"]', "matchedPredicates": "[]"},
-                         operation_metrics=MERGE_METRICS)
+    version = txn.commit(
+        [touched.to_remove(), *added],
+        operation="MERGE",
+        operation_parameters={"predicate": '["t.id = s.id"]', "matchedPredicates": "[]"},
+        operation_metrics=MERGE_METRICS,
+    )
     assert version == 1 == txn.committed_version
 
     entries = log_entries(path, 1)
@@ -60,8 +68,12 @@ def test_merge_commit_reads_back_in_deltalake(lake: Path) -> None:
     table = DeltaTable(str(path))
     assert table.version() == 1
     assert sorted_rows(table.to_pyarrow_table()) == [
-        {"id": 1, "v": "a", "p": "x"}, {"id": 2, "v": "u2", "p": "y"}, {"id": 3, "v": "c", "p": "x"},
-        {"id": 20, "v": "u20", "p": "y"}, {"id": 30, "v": "n30", "p": "z"}]
+        {"id": 1, "v": "a", "p": "x"},
+        {"id": 2, "v": "u2", "p": "y"},
+        {"id": 3, "v": "c", "p": "x"},
+        {"id": 20, "v": "u20", "p": "y"},
+        {"id": 30, "v": "n30", "p": "z"},
+    ]
     history = table.history(1)[0]
     assert history["operation"] == "MERGE"
     assert history["operationMetrics"] == {k: str(v) for k, v in MERGE_METRICS.items()}
@@ -75,13 +87,15 @@ def test_deltalake_appends_merges_and_checkpoints_on_top(lake: Path) -> None:
     path = _base(lake)
     snapshot = load_snapshot(str(path))
     add = parquet_add(snapshot, _data([4]), partition={"p": "x"})
-    Transaction(snapshot).commit([add], operation="WRITE", operation_parameters={"mode": "Append"},
-                                 is_blind_append=True)
+    Transaction(snapshot).commit(
+        [add], operation="WRITE", operation_parameters={"mode": "Append"}, is_blind_append=True
+    )
     write_deltalake(str(path), pa.table({"id": pa.array([5], pa.int64()), "v": ["e"], "p": ["y"]}), mode="append")
     table = DeltaTable(str(path))
     source = pa.table({"id": pa.array([4, 6], pa.int64()), "v": ["merged", "new"], "p": ["x", "w"]})
-    table.merge(source, "t.id = s.id", source_alias="s", target_alias="t") \
-        .when_matched_update_all().when_not_matched_insert_all().execute()
+    table.merge(
+        source, "t.id = s.id", source_alias="s", target_alias="t"
+    ).when_matched_update_all().when_not_matched_insert_all().execute()
     table = DeltaTable(str(path))
     table.create_checkpoint()
     assert (path / "_delta_log" / f"{table.version():020d}.checkpoint.parquet").exists()
@@ -100,8 +114,7 @@ def test_checkpoint_every_interval(lake: Path) -> None:
     for i in range(3):
         snapshot = load_snapshot(str(path))
         add = parquet_add(snapshot, _data([100 + i]), partition={"p": "x"})
-        version = Transaction(snapshot).commit([add], operation="WRITE", operation_parameters={},
-                                               is_blind_append=True)
+        version = Transaction(snapshot).commit([add], operation="WRITE", operation_parameters={}, is_blind_append=True)
         assert (path / "_delta_log" / f"{version:020d}.checkpoint.parquet").exists() == (version % 2 == 0)
     assert json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"] == 2
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 6
@@ -134,8 +147,7 @@ def test_append_only_tables_refuse_removes(lake: Path) -> None:
     with pytest.raises(AppendOnlyTableError):
         Transaction(snapshot).commit([snapshot.files[0].to_remove()], operation="DELETE", operation_parameters={})
     add = parquet_add(snapshot, _data([7]), partition={"p": "x"})
-    assert Transaction(snapshot).commit([add], operation="WRITE", operation_parameters={},
-                                        is_blind_append=True) == 1
+    assert Transaction(snapshot).commit([add], operation="WRITE", operation_parameters={}, is_blind_append=True) == 1
 
 
 def test_invalid_commits_write_nothing(lake: Path) -> None:

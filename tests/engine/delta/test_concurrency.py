@@ -39,8 +39,9 @@ REPO = Path(__file__).resolve().parents[3]
 def _table(lake: Path, name: str = "t", *, partitioned: bool = True) -> str:
     path = str(lake / name)
     data = pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": ["a", "b", "c", "d"], "p": ["x", "y", "x", "y"]})
-    write_deltalake(path, data if partitioned else data.drop_columns(["p"]),
-                    partition_by=["p"] if partitioned else None)
+    write_deltalake(
+        path, data if partitioned else data.drop_columns(["p"]), partition_by=["p"] if partitioned else None
+    )
     return path
 
 
@@ -49,8 +50,9 @@ def _rs_rows(p: str, ids: list[int]) -> pa.Table:
 
 
 def _ours(snapshot: Any, ids: list[int], p: str = "x") -> Any:
-    return parquet_add(snapshot, pa.table({"id": pa.array(ids, pa.int64()), "v": [f"o{i}" for i in ids]}),
-                       partition={"p": p})
+    return parquet_add(
+        snapshot, pa.table({"id": pa.array(ids, pa.int64()), "v": [f"o{i}" for i in ids]}), partition={"p": p}
+    )
 
 
 def _commit(txn: Transaction, actions: list[Any]) -> int:
@@ -156,17 +158,25 @@ def test_concurrent_schema_protocol_and_app_transaction_changes(lake: Path) -> N
     snapshot = load_snapshot(path)
     txn = Transaction(snapshot)
     txn.record_read([], "p = 'nothing'")
-    write_deltalake(path, pa.table({"id": pa.array([9], pa.int64()), "v": ["n"], "p": ["q"], "extra": [1]}),
-                    mode="append", schema_mode="merge")
+    write_deltalake(
+        path,
+        pa.table({"id": pa.array([9], pa.int64()), "v": ["n"], "p": ["q"], "extra": [1]}),
+        mode="append",
+        schema_mode="merge",
+    )
     with pytest.raises(MetadataChangedError):
         _commit(txn, [_ours(snapshot, [10])])
 
     snapshot = load_snapshot(path)
     txn = Transaction(snapshot)
-    write_log_entry(path, snapshot.version + 1, [
-        {"commitInfo": {"operation": "UPGRADE PROTOCOL"}},
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 4}},
-    ])
+    write_log_entry(
+        path,
+        snapshot.version + 1,
+        [
+            {"commitInfo": {"operation": "UPGRADE PROTOCOL"}},
+            {"protocol": {"minReaderVersion": 1, "minWriterVersion": 4}},
+        ],
+    )
     with pytest.raises(ProtocolChangedError):
         _commit(txn, [])
 
@@ -208,8 +218,13 @@ def test_threads_race_our_commits(lake: Path) -> None:
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.engine.delta.workers", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.delta.workers", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _outputs(proc: subprocess.Popen[str], timeout: float = 180) -> list[dict[str, Any]]:
@@ -241,13 +256,22 @@ def test_processes_race_with_deltalake_writers(lake: Path) -> None:
     assert len(added) == len(set(added))
     assert {r["path"] for r in reports} <= set(added)
     assert {e.version for e in entries if e.commit_info and e.commit_info.get("txnId") in txn_ids} == {
-        r["version"] for r in reports}
+        r["version"] for r in reports
+    }
 
     table = DeltaTable(path).to_pyarrow_table()
     assert table.num_rows == 4 + 18 + 8
     values = sorted(table.column("v").to_pylist())
-    assert values == sorted(["a", "b", "c", "d", *[f"o{i}-{n}" for n in range(6) for i in range(3)],
-                             *[f"r{i}-{n}" for n in range(4) for i in range(2)]])
+    assert values == sorted(
+        [
+            "a",
+            "b",
+            "c",
+            "d",
+            *[f"o{i}-{n}" for n in range(6) for i in range(3)],
+            *[f"r{i}-{n}" for n in range(4) for i in range(2)],
+        ]
+    )
 
 
 def test_racing_delete_never_lands_under_our_commit(lake: Path) -> None:
@@ -272,8 +296,10 @@ def test_racing_delete_never_lands_under_our_commit(lake: Path) -> None:
         (report,) = _outputs(deleter)
         final = load_snapshot(path)
         schema = final.spark_schema
-        log = {v: parse_commit(v, (Path(path) / "_delta_log" / f"{v:020d}.json").read_text(), schema)
-               for v in range(1, final.version + 1)}
+        log = {
+            v: parse_commit(v, (Path(path) / "_delta_log" / f"{v:020d}.json").read_text(), schema)
+            for v in range(1, final.version + 1)
+        }
         if version is not None:
             removed_before = {r.path for v, e in log.items() if v < version for r in e.removes}
             assert not removed_before & {f.path for f in read}

@@ -21,14 +21,20 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _table(lake: Path) -> str:
     path = str(lake / "t")
-    write_deltalake(path, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"], "p": ["x", "y"]}),
-                    partition_by=["p"])
+    write_deltalake(
+        path, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"], "p": ["x", "y"]}), partition_by=["p"]
+    )
     return path
 
 
 def _start_and_wait_ready(*args: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.engine.delta.workers", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.delta.workers", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:

@@ -31,17 +31,19 @@ UTC = dt.UTC
 T0 = dt.datetime(2024, 1, 1, tzinfo=UTC)
 D0 = dt.date(2024, 1, 1)
 
-SCHEMA = pa.schema([
-    ("p", pa.int64()),
-    ("i", pa.int64()),
-    ("dec", pa.decimal128(10, 2)),
-    ("f", pa.float64()),
-    ("s", pa.string()),
-    ("d", pa.date32()),
-    ("ts", pa.timestamp("us", tz="UTC")),
-    ("b", pa.bool_()),
-    ("st", pa.struct([("x", pa.int32())])),
-])
+SCHEMA = pa.schema(
+    [
+        ("p", pa.int64()),
+        ("i", pa.int64()),
+        ("dec", pa.decimal128(10, 2)),
+        ("f", pa.float64()),
+        ("s", pa.string()),
+        ("d", pa.date32()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("b", pa.bool_()),
+        ("st", pa.struct([("x", pa.int32())])),
+    ]
+)
 DATA_COLUMNS = [f.name for f in SCHEMA if f.name != "p"]
 
 # --- random files --------------------------------------------------------------------------------------------
@@ -49,8 +51,9 @@ DATA_COLUMNS = [f.name for f in SCHEMA if f.name != "p"]
 LONG = "a" * 30
 string_values = st.one_of(
     st.text(alphabet="abz", max_size=3),
-    st.builds(lambda tail: LONG + tail, st.text(alphabet=["a", "b", "\x7f", "é", "\U0010ffff", "\U0001f600"],
-                                                max_size=5)),
+    st.builds(
+        lambda tail: LONG + tail, st.text(alphabet=["a", "b", "\x7f", "é", "\U0010ffff", "\U0001f600"], max_size=5)
+    ),
 )
 column_values: dict[str, st.SearchStrategy[Any]] = {
     "i": st.integers(-3, 3),
@@ -72,8 +75,7 @@ def random_file(draw: st.DrawFn) -> tuple[int | None, list[dict[str, Any]]]:
     for _ in range(count):
         row: dict[str, Any] = {"p": partition}
         for name in DATA_COLUMNS:
-            row[name] = draw(st.one_of(st.none(), column_values[name]) if draw(st.booleans())
-                             else column_values[name])
+            row[name] = draw(st.one_of(st.none(), column_values[name]) if draw(st.booleans()) else column_values[name])
         rows.append(row)
     return partition, rows
 
@@ -96,8 +98,7 @@ def _spark_compare(left: Any, right: Any) -> int:
         return (a > b) - (a < b)
     if isinstance(left, dt.datetime) != isinstance(right, dt.datetime):
         left = left if isinstance(left, dt.datetime) else dt.datetime(left.year, left.month, left.day, tzinfo=UTC)
-        right = right if isinstance(right, dt.datetime) else dt.datetime(right.year, right.month, right.day,
-                                                                         tzinfo=UTC)
+        right = right if isinstance(right, dt.datetime) else dt.datetime(right.year, right.month, right.day, tzinfo=UTC)
     return (left > right) - (left < right)
 
 
@@ -167,8 +168,9 @@ def _literals(column: str) -> st.SearchStrategy[Lit]:
         return st.one_of(
             days.map(lambda d: Lit(f"DATE '{d.isoformat()}'", d)),
             days.map(lambda d: Lit(f"'{d.isoformat()}'", d)),
-            st.integers(0, 3 * 24).map(lambda h: T0 + dt.timedelta(hours=h)).map(
-                lambda t: Lit(f"TIMESTAMP '{t:%Y-%m-%d %H:%M:%S}'", t)),
+            st.integers(0, 3 * 24)
+            .map(lambda h: T0 + dt.timedelta(hours=h))
+            .map(lambda t: Lit(f"TIMESTAMP '{t:%Y-%m-%d %H:%M:%S}'", t)),
             null,
         )
     if column == "ts":
@@ -192,8 +194,11 @@ OPS = ["=", "!=", "<", "<=", ">", ">="]
 def leaf(draw: st.DrawFn) -> Pred:
     column = draw(st.sampled_from(COLUMNS))
     ref, get = _column_ref(column)
-    kind = draw(st.sampled_from(["cmp", "cmp", "cmp", "flipped", "null", "notnull", "in", "notin", "between",
-                                 "nullsafe", "bare", "expr"]))
+    kind = draw(
+        st.sampled_from(
+            ["cmp", "cmp", "cmp", "flipped", "null", "notnull", "in", "notin", "between", "nullsafe", "bare", "expr"]
+        )
+    )
     lit = draw(_literals(column))
     if kind == "cmp":
         op = draw(st.sampled_from(OPS))
@@ -221,8 +226,10 @@ def leaf(draw: st.DrawFn) -> Pred:
         return Pred(f"{ref} NOT IN ({sql_items})", lambda r: _not(member(r)))
     if kind == "between":
         high = draw(_literals(column))
-        return Pred(f"{ref} BETWEEN {lit.sql} AND {high.sql}",
-                    lambda r: _and(_compare(">=", get(r), lit.value), _compare("<=", get(r), high.value)))
+        return Pred(
+            f"{ref} BETWEEN {lit.sql} AND {high.sql}",
+            lambda r: _and(_compare(">=", get(r), lit.value), _compare("<=", get(r), high.value)),
+        )
     if kind == "nullsafe":
 
         def null_safe(r: dict[str, Any]) -> bool:
@@ -242,11 +249,15 @@ def predicates(depth: int = 3) -> st.SearchStrategy[Pred]:
     def extend(children: st.SearchStrategy[Pred]) -> st.SearchStrategy[Pred]:
         return st.one_of(
             st.tuples(children, children).map(
-                lambda ab: Pred(f"({ab[0].sql}) AND ({ab[1].sql})",
-                                lambda r, a=ab[0], b=ab[1]: _and(a.evaluate(r), b.evaluate(r)))),
+                lambda ab: Pred(
+                    f"({ab[0].sql}) AND ({ab[1].sql})", lambda r, a=ab[0], b=ab[1]: _and(a.evaluate(r), b.evaluate(r))
+                )
+            ),
             st.tuples(children, children).map(
-                lambda ab: Pred(f"({ab[0].sql}) OR ({ab[1].sql})",
-                                lambda r, a=ab[0], b=ab[1]: _or(a.evaluate(r), b.evaluate(r)))),
+                lambda ab: Pred(
+                    f"({ab[0].sql}) OR ({ab[1].sql})", lambda r, a=ab[0], b=ab[1]: _or(a.evaluate(r), b.evaluate(r))
+                )
+            ),
             children.map(lambda a: Pred(f"NOT ({a.sql})", lambda r, a=a: _not(a.evaluate(r)))),
         )
 
@@ -284,15 +295,15 @@ def _check(snapshot: Snapshot, files: list[tuple[Any, list[dict[str, Any]]]], pr
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files=st.lists(random_file(), min_size=1, max_size=3), preds=st.lists(predicates(), min_size=1, max_size=4))
-def test_never_prunes_a_file_with_a_matching_row(empty_snapshot: Snapshot, files: list[Any],
-                                                  preds: list[Pred]) -> None:
+def test_never_prunes_a_file_with_a_matching_row(empty_snapshot: Snapshot, files: list[Any], preds: list[Pred]) -> None:
     _check(empty_snapshot, files, preds)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(files=st.lists(random_file(), min_size=1, max_size=2), preds=st.lists(predicates(), min_size=3, max_size=6))
-def test_never_prunes_with_statistics_written_by_deltalake(table_dir: Path, files: list[Any],
-                                                            preds: list[Pred]) -> None:
+def test_never_prunes_with_statistics_written_by_deltalake(
+    table_dir: Path, files: list[Any], preds: list[Pred]
+) -> None:
     """The same property over files and statistics delta-rs wrote (booleans have bounds, no string truncation,
     NaN ignored in float bounds), read back through load_snapshot."""
     import uuid
@@ -309,8 +320,11 @@ def test_never_prunes_with_statistics_written_by_deltalake(table_dir: Path, file
         kept = prune_files(snapshot, snapshot.files, pred.sql)
         matching = {row_key(r) for r in all_rows if pred.evaluate(r) is True}
         if matching:
-            rows_kept = pa.concat_tables(
-                [pa.parquet.read_table(f.absolute_path(snapshot.root)) for f in kept]) if kept else None
+            rows_kept = (
+                pa.concat_tables([pa.parquet.read_table(f.absolute_path(snapshot.root)) for f in kept])
+                if kept
+                else None
+            )
             kept_ids = set() if rows_kept is None else {row_key(r) for r in rows_kept.to_pylist()}
             assert matching <= kept_ids, pred.sql
 
@@ -328,10 +342,18 @@ def row_key(row: dict[str, Any]) -> str:
 def test_range_predicates_prune_sorted_files(empty_snapshot: Snapshot) -> None:
     adds = []
     for n in range(10):
-        rows = [{"i": n * 100 + k, "s": f"key-{n * 100 + k:05d}", "d": D0 + dt.timedelta(days=n),
-                 "ts": T0 + dt.timedelta(hours=n, microseconds=k)} for k in range(100)]
-        adds.append(parquet_add(empty_snapshot, pa.Table.from_pylist(rows, schema=SCHEMA.remove(0)),
-                                partition={"p": n % 3}))
+        rows = [
+            {
+                "i": n * 100 + k,
+                "s": f"key-{n * 100 + k:05d}",
+                "d": D0 + dt.timedelta(days=n),
+                "ts": T0 + dt.timedelta(hours=n, microseconds=k),
+            }
+            for k in range(100)
+        ]
+        adds.append(
+            parquet_add(empty_snapshot, pa.Table.from_pylist(rows, schema=SCHEMA.remove(0)), partition={"p": n % 3})
+        )
 
     def kept(predicate: str) -> list[int]:
         return [adds.index(a) for a in prune_files(empty_snapshot, adds, predicate)]
@@ -359,10 +381,12 @@ def test_range_predicates_prune_sorted_files(empty_snapshot: Snapshot) -> None:
 
 
 def test_three_valued_logic_cases(empty_snapshot: Snapshot) -> None:
-    one = parquet_add(empty_snapshot, pa.Table.from_pylist([{"i": 1}, {"i": None}], schema=SCHEMA.remove(0)),
-                      partition={"p": None})
-    only_null = parquet_add(empty_snapshot, pa.Table.from_pylist([{"i": None}], schema=SCHEMA.remove(0)),
-                            partition={"p": 1})
+    one = parquet_add(
+        empty_snapshot, pa.Table.from_pylist([{"i": 1}, {"i": None}], schema=SCHEMA.remove(0)), partition={"p": None}
+    )
+    only_null = parquet_add(
+        empty_snapshot, pa.Table.from_pylist([{"i": None}], schema=SCHEMA.remove(0)), partition={"p": 1}
+    )
 
     def kept(predicate: str) -> list[str]:
         names = {one.path: "one", only_null.path: "only_null"}

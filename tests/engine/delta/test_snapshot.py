@@ -69,8 +69,12 @@ def test_time_travel_and_missing_tables(typed_table: Path, lake: Path) -> None:
 def test_app_transaction_versions_from_deltalake(lake: Path) -> None:
     path = str(lake / "apps")
     write_deltalake(path, typed_rows(0, 3))
-    write_deltalake(path, typed_rows(3, 3), mode="append",
-                    commit_properties=CommitProperties(app_transactions=[RsTransaction("job-a", 7)]))
+    write_deltalake(
+        path,
+        typed_rows(3, 3),
+        mode="append",
+        commit_properties=CommitProperties(app_transactions=[RsTransaction("job-a", 7)]),
+    )
     snapshot = load_snapshot(path)
     assert snapshot.app_transaction_version("job-a") == 7
     assert snapshot.app_transaction_version("job-b") is None
@@ -86,7 +90,8 @@ def test_scan_files_equals_deltalake_read(spark: SparkSession, typed_table: Path
     assert result.column_names == [*[f.name for f in snapshot.spark_schema.fields], FILE_NAME_COL, ROW_INDEX_COL]
     expected = DeltaTable(str(typed_table)).to_pyarrow_table()
     assert result.select(expected.column_names).schema.equals(
-        pa.schema([pa.field(f.name, f.type) for f in snapshot.arrow_schema]), check_metadata=False)
+        pa.schema([pa.field(f.name, f.type) for f in snapshot.arrow_schema]), check_metadata=False
+    )
     assert _arrow_rows(result) == _arrow_rows(expected)
 
     # _file_name_ is the log path and _row_index_ the position in that file: reading the file alone agrees.
@@ -117,8 +122,9 @@ def test_scan_subset_and_empty(spark: SparkSession, typed_table: Path) -> None:
 def test_scan_after_schema_evolution_reads_null_for_missing_columns(spark: SparkSession, lake: Path) -> None:
     path = str(lake / "evolving")
     write_deltalake(path, pa.table({"id": [1, 2], "a": ["x", "y"]}))
-    write_deltalake(path, pa.table({"id": [3], "a": ["z"], "added": [dt.date(2024, 5, 1)]}), mode="append",
-                    schema_mode="merge")
+    write_deltalake(
+        path, pa.table({"id": [3], "a": ["z"], "added": [dt.date(2024, 5, 1)]}), mode="append", schema_mode="merge"
+    )
     snapshot = load_snapshot(path)
     rows = sorted(scan_files(spark, snapshot, snapshot.files).collect(), key=lambda r: r.id)
     assert [(r.id, r.a, r.added) for r in rows] == [(1, "x", None), (2, "y", None), (3, "z", dt.date(2024, 5, 1))]
@@ -129,9 +135,15 @@ def test_scan_odd_paths_and_partition_values(spark: SparkSession, lake: Path) ->
     and non-ASCII (deltalake itself cannot open roots with ``[``, ``]`` or ``%``: refused with a clear error)."""
     root = lake / "odd root {x} é+#?"
     values = ["a b", "c:d", "e%f", "g/h", "i=j", "k+l", "m#n", "ü✓", "p?q*r", ""]
-    data = pa.table({"id": list(range(len(values))), "part": values,
-                     "ts": pa.array([dt.datetime(2024, 1, 1, 12, 30, tzinfo=dt.UTC)] * len(values),
-                                    pa.timestamp("us", tz="UTC"))})
+    data = pa.table(
+        {
+            "id": list(range(len(values))),
+            "part": values,
+            "ts": pa.array(
+                [dt.datetime(2024, 1, 1, 12, 30, tzinfo=dt.UTC)] * len(values), pa.timestamp("us", tz="UTC")
+            ),
+        }
+    )
     write_deltalake(str(root), data, partition_by=["part", "ts"])
     snapshot = load_snapshot(str(root))
     result = scan_files(spark, snapshot, snapshot.files).toArrow()
@@ -147,8 +159,9 @@ def test_spark_does_not_add_partition_columns_itself(spark: SparkSession, lake: 
     """Spark infers ``k=v`` directories as columns when reading folders; the scan reads files, so the only
     partition column is the one put back from the log (typed as the table says, here a date)."""
     path = str(lake / "bydate")
-    write_deltalake(path, pa.table({"id": [1, 2], "day": pa.array([dt.date(2024, 1, 1), None], pa.date32())}),
-                    partition_by=["day"])
+    write_deltalake(
+        path, pa.table({"id": [1, 2], "day": pa.array([dt.date(2024, 1, 1), None], pa.date32())}), partition_by=["day"]
+    )
     snapshot = load_snapshot(path)
     df = scan_files(spark, snapshot, snapshot.files)
     assert df.schema.fieldNames() == ["id", "day", FILE_NAME_COL, ROW_INDEX_COL]

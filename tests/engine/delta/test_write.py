@@ -37,27 +37,39 @@ def _rows(ids: range) -> pa.Table:
     def maybe(i: int, value: object) -> object:
         return None if i % 4 == 1 else value
 
-    return pa.table({
-        "id": pa.array(list(ids), pa.int64()),
-        "small": pa.array([maybe(i, i % 100 - 50) for i in ids], pa.int16()),
-        "amount": pa.array([maybe(i, Decimal(i) / 4) for i in ids], pa.decimal128(10, 2)),
-        "big_amount": pa.array([maybe(i, Decimal(i) * 10**15) for i in ids], pa.decimal128(30, 4)),
-        "ratio": pa.array([maybe(i, i * 1.5 - 7) for i in ids], pa.float64()),
-        "name": pa.array([maybe(i, f"n{i:03d}-é") for i in ids]),
-        "day": pa.array([maybe(i, dt.date(2023, 12, 25) + dt.timedelta(days=i)) for i in ids], pa.date32()),
-        "at": pa.array([maybe(i, dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(hours=i, microseconds=999 * i))
-                        for i in ids], pa.timestamp("us", tz="UTC")),
-        "local": pa.array([maybe(i, dt.datetime(2024, 3, 1) + dt.timedelta(minutes=i, microseconds=1234 * i))
-                           for i in ids], pa.timestamp("us")),
-        "flag": pa.array([maybe(i, i % 3 == 0) for i in ids]),
-        "info": pa.array([maybe(i, {"k": i * 2, "tag": f"t{i % 5}"}) for i in ids],
-                         pa.struct([("k", pa.int32()), ("tag", pa.string())])),
-    })
+    return pa.table(
+        {
+            "id": pa.array(list(ids), pa.int64()),
+            "small": pa.array([maybe(i, i % 100 - 50) for i in ids], pa.int16()),
+            "amount": pa.array([maybe(i, Decimal(i) / 4) for i in ids], pa.decimal128(10, 2)),
+            "big_amount": pa.array([maybe(i, Decimal(i) * 10**15) for i in ids], pa.decimal128(30, 4)),
+            "ratio": pa.array([maybe(i, i * 1.5 - 7) for i in ids], pa.float64()),
+            "name": pa.array([maybe(i, f"n{i:03d}-é") for i in ids]),
+            "day": pa.array([maybe(i, dt.date(2023, 12, 25) + dt.timedelta(days=i)) for i in ids], pa.date32()),
+            "at": pa.array(
+                [
+                    maybe(i, dt.datetime(2024, 1, 1, tzinfo=UTC) + dt.timedelta(hours=i, microseconds=999 * i))
+                    for i in ids
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "local": pa.array(
+                [maybe(i, dt.datetime(2024, 3, 1) + dt.timedelta(minutes=i, microseconds=1234 * i)) for i in ids],
+                pa.timestamp("us"),
+            ),
+            "flag": pa.array([maybe(i, i % 3 == 0) for i in ids]),
+            "info": pa.array(
+                [maybe(i, {"k": i * 2, "tag": f"t{i % 5}"}) for i in ids],
+                pa.struct([("k", pa.int32()), ("tag", pa.string())]),
+            ),
+        }
+    )
 
 
 def _commit_adds(snapshot: Any, adds: list[Any], operation: str = "WRITE") -> int:
-    return Transaction(snapshot).commit(adds, operation=operation, operation_parameters={"mode": "Append"},
-                                        is_blind_append=True)
+    return Transaction(snapshot).commit(
+        adds, operation=operation, operation_parameters={"mode": "Append"}, is_blind_append=True
+    )
 
 
 def _stats_by_column(table: Path) -> dict[str, Any]:
@@ -97,12 +109,16 @@ def test_statistics_match_what_deltalake_writes(spark: SparkSession, lake: Path)
 def test_statistics_of_names_with_dots(spark: SparkSession, lake: Path) -> None:
     """A column ``a.b`` is not the field ``b`` of a column ``a``: its statistics (and those of a struct field
     named with a dot) describe its own values, so readers and data skipping see them."""
-    data = pa.table({
-        "id": pa.array([1, 2, 3], pa.int64()),
-        "a.b": ["x", None, "z"],
-        "s": pa.array([{"f.g": 5, "h": 1}, {"f.g": 7, "h": None}, {"f.g": None, "h": 3}],
-                      pa.struct([("f.g", pa.int64()), ("h", pa.int64())])),
-    })
+    data = pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "a.b": ["x", None, "z"],
+            "s": pa.array(
+                [{"f.g": 5, "h": 1}, {"f.g": 7, "h": None}, {"f.g": None, "h": 3}],
+                pa.struct([("f.g", pa.int64()), ("h", pa.int64())]),
+            ),
+        }
+    )
     table = lake / "dots"
     DeltaTable.create(str(table), data.schema)
     snapshot = load_snapshot(str(table))
@@ -117,15 +133,17 @@ def test_statistics_of_names_with_dots(spark: SparkSession, lake: Path) -> None:
 
 
 def test_statistics_json_is_deltas_format(spark: SparkSession, lake: Path) -> None:
-    data = pa.table({
-        "id": pa.array([2, 1], pa.int64()),
-        "amount": pa.array([Decimal("10.50"), Decimal("-0.25")], pa.decimal128(6, 2)),
-        "at": pa.array([dt.datetime(2024, 1, 1, 0, 0, 0, 123999, tzinfo=UTC), None], pa.timestamp("us", tz="UTC")),
-        "day": pa.array([dt.date(2024, 2, 29), dt.date(1999, 12, 31)], pa.date32()),
-        "name": ["b" * 40, "a\U0001F600"],
-        "raw": [b"\x00", None],
-        "tags": pa.array([[1, 2], None], pa.list_(pa.int64())),
-    })
+    data = pa.table(
+        {
+            "id": pa.array([2, 1], pa.int64()),
+            "amount": pa.array([Decimal("10.50"), Decimal("-0.25")], pa.decimal128(6, 2)),
+            "at": pa.array([dt.datetime(2024, 1, 1, 0, 0, 0, 123999, tzinfo=UTC), None], pa.timestamp("us", tz="UTC")),
+            "day": pa.array([dt.date(2024, 2, 29), dt.date(1999, 12, 31)], pa.date32()),
+            "name": ["b" * 40, "a\U0001f600"],
+            "raw": [b"\x00", None],
+            "tags": pa.array([[1, 2], None], pa.list_(pa.int64())),
+        }
+    )
     table = lake / "fmt"
     DeltaTable.create(str(table), data.schema)
     snapshot = load_snapshot(str(table))
@@ -133,10 +151,20 @@ def test_statistics_json_is_deltas_format(spark: SparkSession, lake: Path) -> No
     assert add.stats is not None
     assert json.loads(add.stats.to_json()) == {
         "numRecords": 2,
-        "minValues": {"id": 1, "amount": -0.25, "at": "2024-01-01T00:00:00.123Z", "day": "1999-12-31",
-                      "name": "a\U0001F600"},
-        "maxValues": {"id": 2, "amount": 10.5, "at": "2024-01-01T00:00:00.123Z", "day": "2024-02-29",
-                      "name": "b" * 32 + "\x7f"},
+        "minValues": {
+            "id": 1,
+            "amount": -0.25,
+            "at": "2024-01-01T00:00:00.123Z",
+            "day": "1999-12-31",
+            "name": "a\U0001f600",
+        },
+        "maxValues": {
+            "id": 2,
+            "amount": 10.5,
+            "at": "2024-01-01T00:00:00.123Z",
+            "day": "2024-02-29",
+            "name": "b" * 32 + "\x7f",
+        },
         "nullCount": {"id": 0, "amount": 0, "at": 1, "day": 0, "name": 0, "raw": 1},
     }
     assert '"amount":-0.25' in add.stats.to_json()  # decimals are JSON numbers, not strings
@@ -157,41 +185,66 @@ def test_string_truncation_follows_delta() -> None:
 
 
 def test_partition_values_parsed_back_from_directories(spark: SparkSession, lake: Path) -> None:
-    data = pa.table({
-        "id": pa.array(range(6), pa.int64()),
-        "label": ["a b", "c:d/e", "100%", None, "ü=1", ""],
-        "day": pa.array([dt.date(2024, 1, 1), None, dt.date(2024, 1, 2), dt.date(2024, 1, 1), None, None],
-                        pa.date32()),
-        "at": pa.array([dt.datetime(2024, 1, 1, 1, 2, 3, 456789, tzinfo=UTC), None,
-                        dt.datetime(2024, 1, 1, tzinfo=UTC), None, None, None], pa.timestamp("us", tz="UTC")),
-        "n": pa.array([1, 2, None, -4, 5, 6], pa.int32()),
-        "amount": pa.array([Decimal("1.50"), None, Decimal("-2.00"), None, None, None], pa.decimal128(5, 2)),
-        "flag": pa.array([True, False, None, True, True, True]),
-    })
+    data = pa.table(
+        {
+            "id": pa.array(range(6), pa.int64()),
+            "label": ["a b", "c:d/e", "100%", None, "ü=1", ""],
+            "day": pa.array(
+                [dt.date(2024, 1, 1), None, dt.date(2024, 1, 2), dt.date(2024, 1, 1), None, None], pa.date32()
+            ),
+            "at": pa.array(
+                [
+                    dt.datetime(2024, 1, 1, 1, 2, 3, 456789, tzinfo=UTC),
+                    None,
+                    dt.datetime(2024, 1, 1, tzinfo=UTC),
+                    None,
+                    None,
+                    None,
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+            "n": pa.array([1, 2, None, -4, 5, 6], pa.int32()),
+            "amount": pa.array([Decimal("1.50"), None, Decimal("-2.00"), None, None, None], pa.decimal128(5, 2)),
+            "flag": pa.array([True, False, None, True, True, True]),
+        }
+    )
     table = lake / "parts"
     columns = ["label", "day", "at", "n", "amount", "flag"]
     DeltaTable.create(str(table), data.schema, partition_by=columns)
     snapshot = load_snapshot(str(table))
     adds = write_data_files(spark, spark.createDataFrame(data), snapshot, write_id="p1")
     values = sorted((a.partition_values for a in adds), key=lambda v: json.dumps(v, sort_keys=True))
-    assert {"label": "a b", "day": "2024-01-01", "at": "2024-01-01 01:02:03.456789", "n": "1",
-            "amount": "1.50", "flag": "true"} in values
+    assert {
+        "label": "a b",
+        "day": "2024-01-01",
+        "at": "2024-01-01 01:02:03.456789",
+        "n": "1",
+        "amount": "1.50",
+        "flag": "true",
+    } in values
     assert {"label": None, "day": "2024-01-01", "at": None, "n": "-4", "amount": None, "flag": "true"} in values
     _commit_adds(snapshot, adds)
     assert sorted_rows(DeltaTable(str(table)).to_pyarrow_table()) == sorted_rows(
-        data.set_column(1, "label", pa.array(["a b", "c:d/e", "100%", None, "ü=1", None])))
+        data.set_column(1, "label", pa.array(["a b", "c:d/e", "100%", None, "ü=1", None]))
+    )
 
 
 def test_not_null_columns_are_enforced(spark: SparkSession, lake: Path) -> None:
-    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string()),
-                        pa.field("s", pa.struct([pa.field("x", pa.int64(), nullable=False)]))])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("v", pa.string()),
+            pa.field("s", pa.struct([pa.field("x", pa.int64(), nullable=False)])),
+        ]
+    )
     table = lake / "strict"
     DeltaTable.create(str(table), schema)
     snapshot = load_snapshot(str(table))
-    ok = spark.sql("SELECT 1L AS id, 'a' AS v, named_struct('x', 1L) AS s UNION ALL "
-                   "SELECT 2L, NULL, CAST(NULL AS STRUCT<x: BIGINT>)")
-    assert sum(a.stats.num_records for a in write_data_files(spark, ok, snapshot, write_id="ok")
-               if a.stats) == 2
+    ok = spark.sql(
+        "SELECT 1L AS id, 'a' AS v, named_struct('x', 1L) AS s UNION ALL "
+        "SELECT 2L, NULL, CAST(NULL AS STRUCT<x: BIGINT>)"
+    )
+    assert sum(a.stats.num_records for a in write_data_files(spark, ok, snapshot, write_id="ok") if a.stats) == 2
     bad_top = spark.sql("SELECT CAST(NULL AS BIGINT) AS id, 'a' AS v, named_struct('x', 1L) AS s")
     with pytest.raises(InvariantViolationError, match="id"):
         write_data_files(spark, bad_top, snapshot, write_id="bad1")
@@ -203,19 +256,34 @@ def test_not_null_columns_are_enforced(spark: SparkSession, lake: Path) -> None:
 
 def _hand_made_table(path: Path, fields: list[dict[str, Any]], configuration: dict[str, str]) -> Path:
     """A table as Delta on Spark leaves it (field metadata deltalake cannot write), with no files yet."""
-    write_log_entry(path, 0, [
-        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 3}},
-        {"metaData": {"id": "c0ffee00-0000-4000-8000-000000000000", "format": {"provider": "parquet", "options": {}},
-                      "schemaString": json.dumps({"type": "struct", "fields": fields}), "partitionColumns": [],
-                      "configuration": configuration, "createdTime": 0}},
-    ])
+    write_log_entry(
+        path,
+        0,
+        [
+            {"protocol": {"minReaderVersion": 1, "minWriterVersion": 3}},
+            {
+                "metaData": {
+                    "id": "c0ffee00-0000-4000-8000-000000000000",
+                    "format": {"provider": "parquet", "options": {}},
+                    "schemaString": json.dumps({"type": "struct", "fields": fields}),
+                    "partitionColumns": [],
+                    "configuration": configuration,
+                    "createdTime": 0,
+                }
+            },
+        ],
+    )
     return path
 
 
 def test_check_constraints_invariants_and_lengths_are_enforced(spark: SparkSession, lake: Path) -> None:
     fields = [
-        {"name": "id", "type": "long", "nullable": True,
-         "metadata": {"delta.invariants": json.dumps({"expression": {"expression": "id < 100"}})}},
+        {
+            "name": "id",
+            "type": "long",
+            "nullable": True,
+            "metadata": {"delta.invariants": json.dumps({"expression": {"expression": "id < 100"}})},
+        },
         {"name": "Amount", "type": "long", "nullable": True, "metadata": {}},
         {"name": "code", "type": "string", "nullable": True, "metadata": {"__CHAR_VARCHAR_TYPE_STRING": "varchar(3)"}},
     ]
@@ -224,16 +292,23 @@ def test_check_constraints_invariants_and_lengths_are_enforced(spark: SparkSessi
     ok = spark.sql("SELECT 1L AS id, 5L AS amount, 'abc' AS code UNION ALL SELECT 2L, 1L, NULL")
     assert sum(a.stats.num_records for a in write_data_files(spark, ok, snapshot, write_id="ok") if a.stats) == 2
     cases = [
-        ("SELECT 3L AS id, -1L AS amount, 'a' AS code",
-         "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0 AND id > 0) violated by row "
-         "with values:\n - Amount : -1\n - id : 3"),
+        (
+            "SELECT 3L AS id, -1L AS amount, 'a' AS code",
+            "[DELTA_VIOLATE_CONSTRAINT_WITH_VALUES] CHECK constraint amount_pos (amount > 0 AND id > 0) "
+            "violated by row "
+            "with values:\n - Amount : -1\n - id : 3",
+        ),
         # NULL breaks a CHECK constraint as false does.
         ("SELECT 3L AS id, CAST(NULL AS BIGINT) AS amount, 'a' AS code", "- Amount : null\n - id : 3"),
-        ("SELECT 300L AS id, 1L AS amount, 'a' AS code",
-         "CHECK constraint EXPRESSION(id < 100) (id < 100) violated by row with values:\n - id : 300"),
-        ("SELECT 4L AS id, 1L AS amount, 'abcd' AS code",
-         '[DELTA_EXCEED_CHAR_VARCHAR_LIMIT] Value "abcd" exceeds char/varchar type length limitation. '
-         "Failed check: ((code IS NULL) OR (length(code) <= 3))."),
+        (
+            "SELECT 300L AS id, 1L AS amount, 'a' AS code",
+            "CHECK constraint EXPRESSION(id < 100) (id < 100) violated by row with values:\n - id : 300",
+        ),
+        (
+            "SELECT 4L AS id, 1L AS amount, 'abcd' AS code",
+            '[DELTA_EXCEED_CHAR_VARCHAR_LIMIT] Value "abcd" exceeds char/varchar type length limitation. '
+            "Failed check: ((code IS NULL) OR (length(code) <= 3)).",
+        ),
     ]
     for i, (query, message) in enumerate(cases):
         with pytest.raises(InvariantViolationError) as raised:
@@ -241,8 +316,10 @@ def test_check_constraints_invariants_and_lengths_are_enforced(spark: SparkSessi
         assert message in str(raised.value)
         assert "SQLSTATE" not in str(raised.value) and not (table / f"bad{i}").exists()
     # Change rows are not table rows: only the data rows of a CDF write are checked.
-    rows = spark.sql("SELECT 5L AS id, 1L AS amount, 'a' AS code, CAST(NULL AS STRING) AS _change_type UNION ALL "
-                     "SELECT 6L, -1L, 'long', 'update_preimage'")
+    rows = spark.sql(
+        "SELECT 5L AS id, 1L AS amount, 'a' AS code, CAST(NULL AS STRING) AS _change_type UNION ALL "
+        "SELECT 6L, -1L, 'long', 'update_preimage'"
+    )
     adds, cdcs = write_data_and_cdc_files(spark, rows, snapshot, write_id="cdf")
     assert len(adds) == 1 and len(cdcs) == 1
     bad = spark.sql("SELECT 5L AS id, -1L AS amount, 'a' AS code, CAST(NULL AS STRING) AS _change_type")
@@ -266,10 +343,14 @@ def test_schema_checks_and_write_ids(spark: SparkSession, lake: Path) -> None:
     # Column order and case do not matter; the schema override adds a column (schema evolution).
     adds = write_data_files(spark, spark.sql("SELECT 'a' AS V, 1L AS ID"), snapshot, write_id="x4")
     assert adds[0].stats is not None and adds[0].stats.min_values == {"id": 1, "v": "a"}
-    evolved = snapshot.metadata.with_schema(
-        snapshot.spark_schema.add("added", "date")).schema
-    adds = write_data_files(spark, spark.sql("SELECT 1L AS id, 'a' AS v, DATE'2024-01-01' AS added"), snapshot,
-                            write_id="x5", schema=evolved)
+    evolved = snapshot.metadata.with_schema(snapshot.spark_schema.add("added", "date")).schema
+    adds = write_data_files(
+        spark,
+        spark.sql("SELECT 1L AS id, 'a' AS v, DATE'2024-01-01' AS added"),
+        snapshot,
+        write_id="x5",
+        schema=evolved,
+    )
     assert adds[0].stats is not None and adds[0].stats.max_values["added"] == dt.date(2024, 1, 1)
     with pytest.raises(InvalidWriteError, match="new write_id"):
         write_data_files(spark, spark.sql("SELECT 1L AS id, 'a' AS v"), snapshot, write_id="x4")
@@ -280,8 +361,7 @@ def test_schema_checks_and_write_ids(spark: SparkSession, lake: Path) -> None:
 
 
 def test_indexed_columns_follow_table_properties(spark: SparkSession, lake: Path) -> None:
-    schema = pa.schema([("a", pa.int64()), ("s", pa.struct([("x", pa.int64()), ("y", pa.int64())])),
-                        ("b", pa.int64())])
+    schema = pa.schema([("a", pa.int64()), ("s", pa.struct([("x", pa.int64()), ("y", pa.int64())])), ("b", pa.int64())])
     df = spark.sql("SELECT 1L AS a, named_struct('x', 2L, 'y', 3L) AS s, 4L AS b")
     first_two = lake / "two"
     DeltaTable.create(str(first_two), schema, configuration={"delta.dataSkippingNumIndexedCols": "2"})
@@ -296,8 +376,12 @@ def test_indexed_columns_follow_table_properties(spark: SparkSession, lake: Path
 
 def test_change_data_files_read_by_deltalake(spark: SparkSession, lake: Path) -> None:
     table = lake / "cdf"
-    write_deltalake(str(table), pa.table({"id": pa.array([1, 2], pa.int64()), "p": ["a", "b"]}),
-                    partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(
+        str(table),
+        pa.table({"id": pa.array([1, 2], pa.int64()), "p": ["a", "b"]}),
+        partition_by=["p"],
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
     snapshot = load_snapshot(str(table))
     assert snapshot.cdf_enabled
     target = next(f for f in snapshot.files if f.partition_values["p"] == "a")
@@ -307,8 +391,9 @@ def test_change_data_files_read_by_deltalake(spark: SparkSession, lake: Path) ->
     assert [type(c) for c in cdcs] == [AddCDCFile]
     assert cdcs[0].path.startswith("_change_data/c1/p=a/") and cdcs[0].partition_values == {"p": "a"}
     assert not cdcs[0].data_change
-    version = Transaction(snapshot).commit([target.to_remove(), *cdcs], operation="DELETE",
-                                           operation_parameters={"predicate": "id = 1"})
+    version = Transaction(snapshot).commit(
+        [target.to_remove(), *cdcs], operation="DELETE", operation_parameters={"predicate": "id = 1"}
+    )
     changes_read = DeltaTable(str(table)).load_cdf(starting_version=version, ending_version=version).read_all()
     rows = pa.table(changes_read).select(["id", "p", "_change_type", "_commit_version"]).to_pylist()
     assert rows == [{"id": 1, "p": "a", "_change_type": "delete", "_commit_version": version}]
@@ -319,9 +404,12 @@ def test_data_and_change_rows_in_one_write(spark: SparkSession, lake: Path) -> N
     """Delta's __is_cdc split: one Spark write gives data files under the write's folder and change files under
     _change_data/, each with its partition values, and no __is_cdc folder is left."""
     table = lake / "cdf-one-pass"
-    write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["x", "y", "z"],
-                                          "p": ["a", "b", "b"]}),
-                    partition_by=["p"], configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(
+        str(table),
+        pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["x", "y", "z"], "p": ["a", "b", "b"]}),
+        partition_by=["p"],
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
     snapshot = load_snapshot(str(table))
     rows = spark.sql("""
         SELECT * FROM VALUES
@@ -335,14 +423,24 @@ def test_data_and_change_rows_in_one_write(spark: SparkSession, lake: Path) -> N
     assert all(c.path.startswith(f"_change_data/m1/p={c.partition_values['p']}/") for c in cdcs)
     assert not [d for d in os.listdir(table / "m1") if d.startswith("__is_cdc")]
     assert not list((table / "_change_data" / "m1").glob("**/__is_cdc*"))
-    version = Transaction(snapshot).commit([*[f.to_remove() for f in snapshot.files], *adds, *cdcs],
-                                           operation="MERGE", operation_parameters={"predicate": "id = id"})
+    version = Transaction(snapshot).commit(
+        [*[f.to_remove() for f in snapshot.files], *adds, *cdcs],
+        operation="MERGE",
+        operation_parameters={"predicate": "id = id"},
+    )
     assert sorted_rows(DeltaTable(str(table)).to_pyarrow_table()) == [
-        {"id": 1, "v": "x2", "p": "a"}, {"id": 3, "v": "z", "p": "b"}, {"id": 4, "v": "w", "p": "c"}]
+        {"id": 1, "v": "x2", "p": "a"},
+        {"id": 3, "v": "z", "p": "b"},
+        {"id": 4, "v": "w", "p": "c"},
+    ]
     read = DeltaTable(str(table)).load_cdf(starting_version=version, ending_version=version).read_all()
     changes = sorted(tuple(r.values()) for r in pa.table(read).select(["id", "v", "p", "_change_type"]).to_pylist())
-    assert changes == [(1, "x", "a", "update_preimage"), (1, "x2", "a", "update_postimage"), (2, "y", "b", "delete"),
-                       (4, "w", "c", "insert")]
+    assert changes == [
+        (1, "x", "a", "update_preimage"),
+        (1, "x2", "a", "update_postimage"),
+        (2, "y", "b", "delete"),
+        (4, "w", "c", "insert"),
+    ]
     # A failed write leaves neither folder behind.
     bad = spark.sql("SELECT 'not a number' AS id, 'v' AS v, 'a' AS p, CAST(NULL AS STRING) AS _change_type")
     with pytest.raises(WriteSchemaMismatchError):
@@ -364,31 +462,43 @@ def test_spark_written_merge_commit_round_trip(spark: SparkSession, lake: Path) 
     from engine.delta import FILE_NAME_COL, ROW_INDEX_COL, scan_files, target_partitions
 
     table = lake / "round-trip"
-    write_deltalake(str(table), _rows(range(0, 30)).append_column("part", pa.array(["a", "b", "c"] * 10)),
-                    partition_by=["part"])
+    write_deltalake(
+        str(table), _rows(range(0, 30)).append_column("part", pa.array(["a", "b", "c"] * 10)), partition_by=["part"]
+    )
     snapshot = load_snapshot(str(table))
     touched = [f for f in snapshot.files if f.partition_values["part"] == "b"]
     scanned = scan_files(spark, snapshot, touched)
-    rewritten = (scanned.where("id % 2 = 0").withColumn("name", F.upper("name"))
-                 .drop(FILE_NAME_COL, ROW_INDEX_COL).repartition(target_partitions(10_000)))
-    inserted = spark.createDataFrame(_rows(range(100, 103)).append_column("part", pa.array(["d"] * 3))) \
-        .withColumn("local", F.col("local").cast("timestamp_ntz"))
+    rewritten = (
+        scanned.where("id % 2 = 0")
+        .withColumn("name", F.upper("name"))
+        .drop(FILE_NAME_COL, ROW_INDEX_COL)
+        .repartition(target_partitions(10_000))
+    )
+    inserted = spark.createDataFrame(_rows(range(100, 103)).append_column("part", pa.array(["d"] * 3))).withColumn(
+        "local", F.col("local").cast("timestamp_ntz")
+    )
     adds = write_data_files(spark, rewritten.unionByName(inserted), snapshot, write_id="merge-rt")
     assert {a.partition_values["part"] for a in adds} == {"b", "d"}
     metrics = {"numTargetRowsDeleted": "5", "numTargetRowsUpdated": "5", "numTargetRowsInserted": "3"}
     txn = Transaction(snapshot)
     txn.record_read(touched, "part = 'b'")
-    version = txn.commit([*(f.to_remove() for f in touched), *adds], operation="MERGE",
-                         operation_parameters={"predicate": '["t.id = s.id"]'}, operation_metrics=metrics)
+    version = txn.commit(
+        [*(f.to_remove() for f in touched), *adds],
+        operation="MERGE",
+        operation_parameters={"predicate": '["t.id = s.id"]'},
+        operation_metrics=metrics,
+    )
 
     reference = DeltaTable(str(table))
     assert reference.version() == version
     assert [f.name for f in reference.schema().fields] == [f.name for f in snapshot.spark_schema.fields]
     history = reference.history(1)[0]
     assert history["operation"] == "MERGE" and history["operationMetrics"] == metrics
-    expected = [dict(r, name=r["name"].upper() if r["part"] == "b" and r["name"] else r["name"])
-                for r in sorted_rows(_rows(range(0, 30)).append_column("part", pa.array(["a", "b", "c"] * 10)))
-                if r["part"] != "b" or r["id"] % 2 == 0]
+    expected = [
+        dict(r, name=r["name"].upper() if r["part"] == "b" and r["name"] else r["name"])
+        for r in sorted_rows(_rows(range(0, 30)).append_column("part", pa.array(["a", "b", "c"] * 10)))
+        if r["part"] != "b" or r["id"] % 2 == 0
+    ]
     expected += sorted_rows(_rows(range(100, 103)).append_column("part", pa.array(["d"] * 3)))
     assert sorted_rows(reference.to_pyarrow_table()) == sorted_rows(pa.Table.from_pylist(expected))
 

@@ -17,16 +17,18 @@ from engine.delta.stats import stats_from_footer
 from engine.delta.values import serialize_partition_value
 
 
-def parquet_add(snapshot: Snapshot, data: pa.Table, *, write_id: str | None = None,
-                partition: dict[str, Any] | None = None) -> AddFile:
+def parquet_add(
+    snapshot: Snapshot, data: pa.Table, *, write_id: str | None = None, partition: dict[str, Any] | None = None
+) -> AddFile:
     """Write ``data`` (data columns only) as one Parquet file with pyarrow, the way our writer lays files out,
     and answer its ``add`` action with statistics from the footer: commits without Spark."""
     write_id = write_id or f"w-{uuid.uuid4().hex[:8]}"
     partition = partition or {}
     part_types = {f.name: f.dataType for f in snapshot.spark_schema.fields if f.name in snapshot.partition_columns}
     values = {c: serialize_partition_value(partition.get(c), part_types[c]) for c in snapshot.partition_columns}
-    dirs = [f"{c}={escape_partition_value(v) if v is not None else '__HIVE_DEFAULT_PARTITION__'}"
-            for c, v in values.items()]
+    dirs = [
+        f"{c}={escape_partition_value(v) if v is not None else '__HIVE_DEFAULT_PARTITION__'}" for c, v in values.items()
+    ]
     relative = "/".join([write_id, *dirs, f"part-{uuid.uuid4().hex}.parquet"])
     absolute = os.path.join(snapshot.root, *relative.split("/"))
     os.makedirs(os.path.dirname(absolute), exist_ok=True)

@@ -37,8 +37,9 @@ def ours_append(table: str, tag: str, count: int, start_at: float) -> None:
         add = parquet_add(snapshot, data, partition={"p": tag}, write_id=f"{tag}-{n}-{uuid.uuid4().hex[:6]}")
         txn = Transaction(snapshot)
         txn.record_read([f for f in snapshot.files if f.partition_values.get("p") == tag], f"p = '{tag}'")
-        version = txn.commit([add], operation="WRITE", operation_parameters={"mode": "Append"},
-                             is_blind_append=False, max_attempts=200)
+        version = txn.commit(
+            [add], operation="WRITE", operation_parameters={"mode": "Append"}, is_blind_append=False, max_attempts=200
+        )
         _report(writer="ours", tag=tag, version=version, txn_id=txn.txn_id, path=add.path, attempts=txn.attempts)
 
 
@@ -90,8 +91,9 @@ def crash_in_commit(table: str, write_id: str) -> None:
     from .util import parquet_add
 
     snapshot = load_snapshot(table)
-    add = parquet_add(snapshot, pa.table({"id": pa.array([999], pa.int64()), "v": ["lost"]}),
-                      partition={"p": "x"}, write_id=write_id)
+    add = parquet_add(
+        snapshot, pa.table({"id": pa.array([999], pa.int64()), "v": ["lost"]}), partition={"p": "x"}, write_id=write_id
+    )
     real_link = os.link
 
     def stalled_link(src: str, dst: str) -> None:
