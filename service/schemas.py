@@ -1,4 +1,4 @@
-"""Request and response bodies of the contract (``shared/api-contract.md``), exactly; nothing else."""
+"""Request and response bodies of the public API (``docs/api.md``), exactly; nothing else."""
 
 from __future__ import annotations
 
