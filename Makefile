@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean check-java
+.PHONY: run test lint bench clean check-java delta-spark
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "merge-service needs Python 3.11 or newer")'
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py
+
+# Delta on Spark for the oracle tests (tests/oracle): the pyspark wheel Delta supports and Delta's jars from Maven
+# Central, once, into ~/.cache/merge-service/delta-spark (MERGE_SERVICE_DELTA_SPARK_CACHE moves it).
+delta-spark: $(STAMP) check-java
+	$(BIN)/python -m tests.oracle.delta_spark
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
