@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,9 @@ from pyspark.sql.connect.observation import Observation as ConnectObservation
 from engine.errors import SparkUnavailableError, grpc_status, spark_error_message
 
 log = logging.getLogger(__name__)
+# pyspark warns on stderr each time a call gives up retrying, then raises: the error carries the news, and while
+# Spark is down the readiness probe would print the warning every few seconds.
+warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
 
 SESSION_CONF: Mapping[str, str] = {
     # Delta's statistics need min/max on timestamps; INT96 carries none.
