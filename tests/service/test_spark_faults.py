@@ -250,3 +250,49 @@ def test_a_dead_connect_server_fails_fast_and_the_next_merge_succeeds_once_it_is
     assert code == 0, service.log_tail()
     assert DeltaTable(str(table)).version() == 3, "the merge pending at the stop did not commit"
     assert pending
+
+
+def gone(process: psutil.Process) -> bool:
+    """Not running: exited and reaped, or (its parent dead too) a zombie left to init."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE and process.ppid() != os.getpid()
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_embedded_server_keeps_secrets_out_restarts_when_killed_and_dies_with_the_service(
+    services: Callable[[str], Service],
+) -> None:
+    service = services("local")
+    table = customers(service.lake)
+    service.wait(service.ready, "/readyz 200 with the embedded server")
+    jvm = service.jvm()
+    environment = jvm.environ()
+    assert not [name for name in environment if name.startswith("MERGE_SERVICE_")], sorted(environment)
+    assert not [name for name, value in environment.items() if TOKEN in value or "jobs.db" in value]
+    assert service.finished(service.submit(upsert(table, 2, "Bea")))["status"] == "succeeded"
+
+    kill_jvm(jvm)
+    assert service.wait(service.not_ready, "/readyz 503 after the JVM died", timeout=5) < 5
+    took = service.wait(lambda: httpx.get(f"{service.base}/healthz", timeout=1).status_code == 200, "/healthz", 1)
+    assert took < 1
+    # Reaped at once: no <defunct> child of the service waits for someone to poll it.
+    service.wait(lambda: not psutil.pid_exists(jvm.pid), "the killed JVM reaped", timeout=3)
+
+    service.wait(service.ready, "/readyz 200 once the embedded server is started again")
+    restarted = service.jvm()
+    assert restarted.pid != jvm.pid
+    assert service.finished(service.submit(upsert(table, 3, "Cid")))["status"] == "succeeded"
+    assert DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict() == {
+        "id": [1, 2, 3],
+        "name": ["Ann", "Bea", "Cid"],
+    }
+
+    # The restarted JVM was started from a thread of the running service, not at start-up: it dies with the
+    # service all the same.
+    service.proc.send_signal(signal.SIGKILL)
+    service.proc.wait()
+    deadline = time.monotonic() + 5
+    while not gone(restarted) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(restarted), f"the Spark JVM {restarted.pid} outlived the service: {restarted.status()}"
