@@ -24,12 +24,14 @@ from service.settings import Settings, default_api_processes
 log = structlog.get_logger("merge-service")
 SCHEMA_WAIT_SECONDS = 60.0
 # Shares of the lease that a stopping service gives to: open HTTP requests, running attempts finishing on their
-# own, interrupted attempts reaching a safe point, the embedded Spark server's exit. They add up to less than one:
-# the whole stop fits in the lease (a deployment's stop grace period), and a job whose attempt is left running is
-# taken back by another worker once its lease lapses.
+# own, interrupted attempts reaching a safe point (at least ABANDON_MIN_SECONDS, for Spark to cancel what it
+# runs), the embedded Spark server's exit. With the default 30 s lease the whole stop fits in the lease (a
+# deployment's stop grace period); a job whose attempt is left running is taken back by another worker once its
+# lease lapses, and its Delta txn keeps it from being applied twice.
 HTTP_SHUTDOWN_SHARE = 0.1
 DRAIN_SHARE = 0.35
 ABANDON_SHARE = 0.2
+ABANDON_MIN_SECONDS = 10.0
 SPARK_STOP_SHARE = 0.15
 
 
@@ -101,7 +103,7 @@ def _stop(workers: list[Any], settings: Settings) -> None:
 
     lease = settings.lease_seconds
     try:
-        stop_workers(workers, drain=lease * DRAIN_SHARE, abandon_after=lease * ABANDON_SHARE)
+        stop_workers(workers, drain=lease * DRAIN_SHARE, abandon_after=max(ABANDON_MIN_SECONDS, lease * ABANDON_SHARE))
     finally:
         stop_embedded(timeout=lease * SPARK_STOP_SHARE)
 

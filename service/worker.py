@@ -265,6 +265,11 @@ class JobControl:
         self._done.set()
         self._thread.join(timeout=self.interval + 5)
 
+    def abandon(self) -> None:
+        """Stop renewing the lease of an attempt the stopping worker no longer waits for, so that it lapses and
+        another worker takes the job even while this process lingers."""
+        self._done.set()
+
     def on_progress(self, phase: str) -> None:
         """The engine's safe points. Raising here stops the merge; at ``committing`` it is the last chance."""
         with self._lock:
@@ -371,7 +376,9 @@ class Worker:
             if thread.is_alive() and current is not None:
                 current.interrupt("shutdown")
                 thread.join(self.settings.lease_seconds if abandon_after is None else abandon_after)
-            if thread.is_alive():
+            current = self._current
+            if thread.is_alive() and current is not None:
+                current.abandon()
                 self._log.warning("the running attempt did not stop in time; its lease will lapse")
         self._thread = None
         self.runner.close()

@@ -28,7 +28,7 @@ from engine.spark import SparkProcess, free_port, start_connect_server
 
 BIN = Path(sys.executable).parent
 TOKEN = "s3cret-token-for-the-fault-tests"
-LEASE_SECONDS = 12.0
+LEASE_SECONDS = 30.0  # the default
 START_TIMEOUT = 180.0
 
 pytestmark = pytest.mark.timeout(600)
