@@ -175,10 +175,7 @@ class EngineRunner:
         try:
             spark = self.session()
         except Exception as exc:
-            ok, why = (
-                False,
-                f"cannot connect to Spark Connect at {self.remote}: {engine_errors.spark_error_message(exc)}",
-            )
+            ok, why = False, engine_errors.spark_error_message(exc)  # "Cannot reach Spark Connect at ...: ..."
         else:
             try:
                 spark.sql("SELECT 1").collect()
