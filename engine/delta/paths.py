@@ -5,16 +5,19 @@
   absolute (``file:///...``);
 - partition directories: Spark (and Hive) escape special characters in ``k=v`` names as ``%XX``;
 - Spark reads: Spark globs any path with ``{}[]*?\\`` in it, so those characters are escaped;
-- ``_metadata.file_path``: Spark reports ``file:/abs/path`` with the path percent-encoded.
+- ``_metadata.file_path``: Spark reports ``file:/abs/path`` with the path percent-encoded;
+- confinement: every file a log names must lie, after symlinks, in the table's directory or a lake root.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 
+from engine.delta.errors import PathOutsideLakeError
 from engine.errors import DeltaError
 
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -82,3 +85,36 @@ def spark_read_path(local_path: str) -> str:
 SPARK_FILE_PATH_TO_LOCAL_SQL = "url_decode(replace(regexp_replace({col}, '^file:(//)?', ''), '+', '%2B'))"
 """SQL that turns Spark's ``_metadata.file_path`` (``file:/a%20b/c``) back into the local path (``/a b/c``).
 ``+`` is literal in those URIs, but url_decode would read it as a space."""
+
+
+class ReadScope:
+    """Where the files of one table (or one file source) may be read from: its own directory and the lake
+    roots, compared after symlinks. A log is data: an absolute ``file://`` path, a ``..`` or a symlink in it
+    must not take a read outside the lake."""
+
+    def __init__(self, root: str, lake_roots: Iterable[str] = ()) -> None:
+        self.root = root
+        self.roots = tuple(dict.fromkeys(os.path.realpath(r) for r in (root, *lake_roots)))
+        self._dirs: dict[str, str] = {}
+
+    def contains(self, local_path: str) -> bool:
+        """Whether ``local_path`` resolves inside the scope. A directory's resolution is remembered: a table's
+        files share a few directories, so a file costs one ``lstat``."""
+        path = os.path.normpath(local_path)
+        parent, name = os.path.split(path)
+        real_parent = self._dirs.get(parent)
+        if real_parent is None:
+            real_parent = self._dirs[parent] = os.path.realpath(parent)
+        real = os.path.join(real_parent, name)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        return any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.roots)
+
+    def check(self, local_path: str, named_as: str) -> str:
+        """``local_path`` if it lies in the scope; PathOutsideLakeError naming the path otherwise."""
+        if not self.contains(local_path):
+            raise PathOutsideLakeError(
+                f"{self.root}: the file {named_as!r} lies outside the table's directory and every lake root; "
+                "it is not read."
+            )
+        return local_path

@@ -7,7 +7,7 @@ to this layer's forms (typed statistics, Delta's partition value strings).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -16,7 +16,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
-from engine.delta.paths import normalize_table
+from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
 from engine.delta.values import (
     leaf_fields,
@@ -43,6 +43,8 @@ class Snapshot:
     files: tuple[AddFile, ...]
     has_deletion_vectors: bool = False
     _table: Any = field(default=None, repr=False)
+    lake_roots: tuple[str, ...] = ()
+    """Directories beyond the table's own where its log may name files (the lake roots)."""
 
     @property
     def spark_schema(self) -> T.StructType:
@@ -79,6 +81,15 @@ class Snapshot:
         return T.StructType([f for f in self.spark_schema.fields if f.name.lower() not in parts])
 
     @cached_property
+    def read_scope(self) -> ReadScope:
+        return ReadScope(self.root, self.lake_roots)
+
+    def file_path(self, add: AddFile) -> str:
+        """The local path of a live file, to be read: PathOutsideLakeError if the log puts it outside the
+        table's directory and the lake roots."""
+        return self.read_scope.check(add.absolute_path(self.root), add.path)
+
+    @cached_property
     def files_by_path(self) -> dict[str, AddFile]:
         return {f.path: f for f in self.files}
 
@@ -98,8 +109,11 @@ class Snapshot:
         return None if version is None else int(version)
 
 
-def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> Snapshot:
-    """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there."""
+def load_snapshot(
+    table: str | os.PathLike[str], version: int | None = None, *, lake_roots: Sequence[str] = ()
+) -> Snapshot:
+    """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there.
+    Its files are read only from its own directory and ``lake_roots``."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError as RsDeltaError
     from deltalake.exceptions import DeltaProtocolError
@@ -152,6 +166,7 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
         files=files,
         has_deletion_vectors=has_dvs,
         _table=dt,
+        lake_roots=tuple(lake_roots),
     )
 
 
