@@ -17,6 +17,9 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from engine import RowsSource, TableSource, expressions, parse_merge_sql, run_merge
+from engine.delta.errors import PathOutsideLakeError
+from engine.delta.paths import deletion_vector_path
+from engine.delta.snapshot import load_snapshot
 from engine.errors import MergeServiceEngineError, MergeSpecError, SourceError
 from engine.expressions import validate_spec
 from engine.functions import ALLOWED_FUNCTIONS, REFUSED_FUNCTIONS
@@ -367,3 +370,77 @@ def test_a_query_source_built_in_code_is_checked_too(spark: SparkSession, tables
     )
     with pytest.raises(MergeSpecError, match="reflect"):
         run_merge(spark, spec)
+
+
+def add_deletion_vector(table: Path, descriptor: dict[str, object]) -> None:
+    """A commit giving the table's file a deletion vector (protocol 3/7 with the deletionVectors feature)."""
+    dt = DeltaTable(str(table))
+    (live,) = pa.table(dt.get_add_actions()).to_pylist()
+    actions = [
+        {
+            "protocol": {
+                "minReaderVersion": 3,
+                "minWriterVersion": 7,
+                "readerFeatures": ["deletionVectors"],
+                "writerFeatures": ["deletionVectors"],
+            }
+        },
+        {"remove": {"path": live["path"], "deletionTimestamp": 1, "dataChange": True}},
+        {
+            "add": {
+                "path": live["path"],
+                "partitionValues": {},
+                "size": live["size_bytes"],
+                "modificationTime": 1,
+                "dataChange": True,
+                "deletionVector": {**descriptor, "offset": 1, "sizeInBytes": 10, "cardinality": 1},
+            }
+        },
+    ]
+    version = dt.version() + 1
+    (table / "_delta_log" / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+
+
+@pytest.mark.parametrize(
+    "descriptor",
+    [
+        {"storageType": "p", "pathOrInlineDv": "file://{outside}"},
+        # ``u``: a directory prefix before the UUID, here one that climbs out of the table.
+        {"storageType": "u", "pathOrInlineDv": "../../../..{outside_dir}/ab^-aqEH.-t@S}K{vb[*k^"},
+    ],
+)
+def test_a_deletion_vector_outside_the_lake_is_never_opened(
+    tmp_path: Path, lake: Path, descriptor: dict[str, str]
+) -> None:
+    """F11: deltalake opens every deletion vector file to tell whether a table has any; one named outside the
+    lake is refused before that."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"not a deletion vector")
+    table = lake / "t"
+    write_deltalake(str(table), pa.table({"id": pa.array([1], pa.int64())}))
+    value = descriptor["pathOrInlineDv"].replace("{outside}", str(secret)).replace("{outside_dir}", str(tmp_path))
+    add_deletion_vector(table, {**descriptor, "pathOrInlineDv": value})
+    with pytest.raises(PathOutsideLakeError, match="outside the table's directory") as info:
+        load_snapshot(str(table), lake_roots=[str(lake)])
+    assert "not a deletion vector" not in str(info.value)
+
+
+def test_a_deletion_vector_in_the_table_is_no_path_error(lake: Path) -> None:
+    table = lake / "t"
+    write_deltalake(str(table), pa.table({"id": pa.array([1], pa.int64())}))
+    add_deletion_vector(table, {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^"})
+    assert load_snapshot(str(table), lake_roots=[str(lake)]).has_deletion_vectors
+
+
+def test_deletion_vector_paths_follow_the_protocol() -> None:
+    """The example of Delta's PROTOCOL.md: ``ab^-aqEH.-t@S}K{vb[*k^`` relative to a table."""
+    assert deletion_vector_path({"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^"}, "/t") == (
+        "/t/ab/deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin"
+    )
+    assert deletion_vector_path({"storageType": "p", "pathOrInlineDv": "file:///x/dv.bin"}, "/t") == "/x/dv.bin"
+    assert (
+        deletion_vector_path(
+            {"storageType": "i", "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L"}, "/t"
+        )
+        is None
+    )
