@@ -194,7 +194,11 @@ def _check_deletion_vector_paths(root: str, scope: ReadScope) -> None:
     """Every deletion vector file the log names must be in the read scope: deltalake opens them to tell whether
     any file has one. Reads the adds of the latest checkpoint (and its sidecars) and of the commits after it;
     adds no longer live are checked too, which only refuses a table whose log once named a file outside."""
-    for descriptor in _deletion_vector_descriptors(os.path.join(root, "_delta_log")):
+    try:
+        descriptors = _deletion_vector_descriptors(os.path.join(root, "_delta_log"))
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise DeltaError(f"Cannot read the deletion vectors of table {root}: {type(exc).__name__}") from exc
+    for descriptor in descriptors:
         path = deletion_vector_path(descriptor, root)
         if path is not None:
             scope.check(path, str(descriptor.get("pathOrInlineDv")))
