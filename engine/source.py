@@ -24,7 +24,6 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine import delta
-from engine.delta.errors import PathOutsideLakeError
 from engine.delta.paths import ReadScope
 from engine.errors import SourceError, SourceRowError
 from engine.expressions import source_query_sql
@@ -302,12 +301,12 @@ def check_file_source_path(path: str, lake_roots: Sequence[str] = ()) -> None:
         )
     scope = ReadScope(path, lake_roots)
     if not scope.contains(path):
-        raise PathOutsideLakeError(f"source.path: {path!r} lies outside the lake; it is not read.")
+        raise SourceError(f"source.path: {path!r} lies outside the lake; it is not read.")
     for parent, dirs, files in os.walk(path):
         for name in (*dirs, *files):
             entry = os.path.join(parent, name)
             if os.path.islink(entry) and not scope.contains(entry):
-                raise PathOutsideLakeError(
+                raise SourceError(
                     f"source.path: {entry!r} under {path!r} is a symlink out of the lake; it is not read."
                 )
 

@@ -10,7 +10,6 @@ __all__ = [
     "CorruptLogError",
     "InvalidWriteError",
     "InvariantViolationError",
-    "PathOutsideLakeError",
     "WriteSchemaMismatchError",
 ]
 
@@ -35,10 +34,3 @@ class CorruptLogError(DeltaError):
     """A log entry cannot be parsed."""
 
     title = "Unreadable Delta log entry"
-
-
-class PathOutsideLakeError(DeltaError):
-    """A file a log or a source names lies outside its table's directory and every lake root (an absolute
-    ``file://`` path in the log, ``..``, or a symlink): it is never read."""
-
-    title = "Path outside the lake"

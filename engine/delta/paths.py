@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import quote, unquote, urlparse
 from uuid import UUID
 
-from engine.delta.errors import PathOutsideLakeError
 from engine.errors import DeltaError
 
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -113,9 +112,9 @@ class ReadScope:
         return any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.roots)
 
     def check(self, local_path: str, named_as: str) -> str:
-        """``local_path`` if it lies in the scope; PathOutsideLakeError naming the path otherwise."""
+        """``local_path`` if it lies in the scope; a DeltaError naming the path otherwise."""
         if not self.contains(local_path):
-            raise PathOutsideLakeError(
+            raise DeltaError(
                 f"{self.root}: the file {named_as!r} lies outside the table's directory and every lake root; "
                 "it is not read."
             )

@@ -89,7 +89,7 @@ class Snapshot:
         return ReadScope(self.root, self.lake_roots)
 
     def file_path(self, add: AddFile) -> str:
-        """The local path of a live file, to be read: PathOutsideLakeError if the log puts it outside the
+        """The local path of a live file, to be read: a DeltaError if the log puts it outside the
         table's directory and the lake roots."""
         return self.read_scope.check(add.absolute_path(self.root), add.path)
 
