@@ -208,7 +208,7 @@ class MergeIntoCommand:
         snapshot = None
         wrote = False
         try:
-            snapshot = delta.load_snapshot(self.spec.target)
+            snapshot = delta.load_snapshot(self.spec.target, lake_roots=self.spec.lake_roots)
             delta.check_supported(snapshot)
             if self.txn is not None:
                 applied = snapshot.app_transaction_version(self.txn.app_id)
@@ -240,7 +240,7 @@ class MergeIntoCommand:
         materialized once; a Delta snapshot or inline rows read the same twice."""
         self.on_progress("preparing_source")
         start = time.monotonic()
-        source = source_dataframe(self.spark, self.spec.source, self._views)
+        source = source_dataframe(self.spark, self.spec.source, self._views, self.spec.lake_roots)
         if (
             not self.spec.is_insert_only
             and not isinstance(self.spec.source, RowsSource)
@@ -497,7 +497,7 @@ class MergeIntoCommand:
     def _source_snapshot(self) -> Any:
         if self._source_snap is None:
             assert isinstance(self.spec.source, TableSource)
-            self._source_snap = delta.load_snapshot(self.spec.source.path)
+            self._source_snap = delta.load_snapshot(self.spec.source.path, lake_roots=self.spec.lake_roots)
         return self._source_snap
 
     def _source_rows_estimate(self) -> int | None:

@@ -7,33 +7,21 @@ without a table: syntax, forbidden constructs, and which side of the merge a ref
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
+from sqlglot.tokens import Token, TokenType
 
 from engine.errors import MergeResolutionError, MergeSpecError
-from engine.spec import InsertAction, MergeClause, MergeSpec, UpdateAction
+from engine.functions import ALLOWED_FUNCTIONS, BARE_FUNCTION_NAMES, REFUSED_FUNCTIONS, SYNTAX_BEFORE_PAREN
+from engine.spec import InsertAction, MergeClause, MergeSpec, QuerySource, UpdateAction
 
 DIALECT = "spark"
-
-FORBIDDEN_FUNCTIONS = frozenset(
-    {
-        "reflect",
-        "java_method",
-        "try_reflect",
-        "input_file_name",
-        "input_file_block_start",
-        "input_file_block_length",
-        "spark_partition_id",
-        "current_user",
-        "session_user",
-        "user",
-    }
-)
-"""Functions that reach outside the data (JVM reflection) or depend on how Spark happens to run the merge."""
 
 NONDETERMINISTIC_FUNCTIONS = frozenset(
     {
@@ -71,7 +59,7 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     return node
 
 
-def function_name(node: exp.Expression) -> str:
+def function_name(node: exp.Expr) -> str:
     if isinstance(node, exp.Anonymous):
         return str(node.name).lower()
     if isinstance(node, exp.Func):
@@ -79,9 +67,9 @@ def function_name(node: exp.Expression) -> str:
     return ""
 
 
-def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -> None:
+def check_expression(node: exp.Expr, where: str, *, deterministic: bool) -> None:
     """Delta's rules for merge expressions: no subqueries, aggregates or window functions; conditions must
-    be deterministic. Also refuses functions that reach outside the data."""
+    be deterministic. Functions must be on the allowlist (``spark_text`` checks what Spark will be sent)."""
     for sub in node.walk():
         # ``exists(array, x -> ...)`` is a higher-order function, not EXISTS (subquery).
         if isinstance(sub, (exp.Subquery, exp.Query)) or (
@@ -95,12 +83,203 @@ def check_expression(node: exp.Expression, where: str, *, deterministic: bool) -
                 f"{where}: aggregate functions are not supported in a MERGE expression ({sub.sql(dialect=DIALECT)})."
             )
         name = function_name(sub)
-        if name in FORBIDDEN_FUNCTIONS:
-            raise MergeSpecError(f"{where}: the function {name}() is not allowed in a merge.")
+        if isinstance(sub, exp.Anonymous):
+            check_function_name(name, where)
         if deterministic and (name in NONDETERMINISTIC_FUNCTIONS or isinstance(sub, (exp.Rand, exp.Randn))):
             raise MergeSpecError(
                 f"{where}: non-deterministic functions are not supported in a MERGE condition ({name}())."
             )
+
+
+_STRING_TOKENS = frozenset(
+    {
+        TokenType.STRING,
+        TokenType.BIT_STRING,
+        TokenType.HEX_STRING,
+        TokenType.BYTE_STRING,
+        TokenType.NATIONAL_STRING,
+        TokenType.NATIONAL_RAW_STRING,
+        TokenType.RAW_STRING,
+        TokenType.HEREDOC_STRING,
+        TokenType.UNICODE_STRING,
+        TokenType.NUMBER,
+    }
+)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_function_name(name: str, where: str) -> None:
+    """A function a merge may call: one of Spark's built-ins over data (``engine.functions``)."""
+    if name in ALLOWED_FUNCTIONS:
+        return
+    reason = REFUSED_FUNCTIONS.get(name, "it is not one of the Spark built-in functions a merge may call")
+    raise MergeSpecError(f"{where}: the function {name}() is not allowed in a merge: {reason}.")
+
+
+def spark_text(node: exp.Expr, where: str) -> str:
+    """The Spark SQL text of a checked tree, as Spark will be sent it: regenerated (never the caller's own text,
+    which Spark might read differently from sqlglot), without comments, and checked once more as Spark reads it."""
+    text = node.sql(dialect=DIALECT, comments=False)
+    check_spark_text(text, where)
+    return text
+
+
+def check_spark_text(text: str, where: str) -> None:
+    """The rules on what Spark will read: every ``name(`` is an allowed function or SQL syntax, no bare name
+    Spark resolves as a function (``user``), no script transform, no ``${...}`` (Spark's variable substitution
+    reads the server's environment)."""
+    if "${" in text:
+        raise MergeSpecError(
+            f"{where}: '${{' is not allowed: Spark substitutes variables (including environment variables) there."
+        )
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    except Exception:
+        raise MergeSpecError(f"{where}: cannot read the expression as Spark SQL.") from None
+    for index, token in enumerate(tokens):
+        before = tokens[index - 1] if index else None
+        after = tokens[index + 1] if index + 1 < len(tokens) else None
+        if token.token_type == TokenType.USING and (after is None or after.token_type != TokenType.L_PAREN):
+            raise MergeSpecError(
+                f"{where}: script transforms (... USING 'command') are not allowed: they run a command on the "
+                "Spark server."
+            )
+        if not _is_word(token):
+            continue
+        name = token.text.lower()
+        if after is not None and after.token_type == TokenType.L_PAREN:
+            _check_call(name, before, where)
+        elif name in BARE_FUNCTION_NAMES and not _qualified_or_alias(before):
+            raise MergeSpecError(
+                f"{where}: {token.text} is not allowed unqualified: Spark reads it as the function {name}(), "
+                f"{REFUSED_FUNCTIONS[name]}; qualify a column of that name with its table's alias."
+            )
+
+
+def _is_word(token: Token) -> bool:
+    if token.token_type == TokenType.IDENTIFIER:
+        return True
+    return token.token_type not in _STRING_TOKENS and _WORD.fullmatch(token.text) is not None
+
+
+def _qualified_or_alias(before: Token | None) -> bool:
+    return before is not None and before.token_type in (TokenType.DOT, TokenType.ALIAS)
+
+
+def _check_call(name: str, before: Token | None, where: str) -> None:
+    if before is not None and before.token_type == TokenType.DOT:
+        raise MergeSpecError(
+            f"{where}: qualified function names ({name}() after a '.') are not allowed: a merge calls Spark's "
+            "built-in functions by their plain names."
+        )
+    if before is not None and before.token_type == TokenType.ALIAS:
+        return  # ``AS v(a, b)``: a relation's alias and its column names
+    if name in SYNTAX_BEFORE_PAREN:
+        return
+    check_function_name(name, where)
+
+
+_STATEMENTS = (exp.Command, exp.DDL, exp.DML)
+
+
+def check_source_query(query: exp.Query, relations: Collection[str], where: str) -> None:
+    """The rules for a source query: functions as for every expression, relations only the named ``relations``
+    (tables read by path, under placeholder names), the query's own CTEs and inline VALUES; no script
+    transforms, hints, sampling, recursive CTEs or table-valued functions."""
+    names = {r.lower() for r in relations}
+    for node in query.walk():
+        if isinstance(node, exp.QueryTransform):
+            raise MergeSpecError(
+                f"{where}: script transforms (SELECT TRANSFORM(...) USING 'command') are not allowed: they run a "
+                "command on the Spark server."
+            )
+        if isinstance(node, (exp.Hint, exp.JoinHint)):
+            raise MergeSpecError(f"{where}: query hints are not allowed in a merge's source query.")
+        if isinstance(node, exp.TableSample):
+            raise MergeSpecError(f"{where}: TABLESAMPLE is not supported in a merge's source query.")
+        if isinstance(node, _STATEMENTS):
+            raise MergeSpecError(f"{where}: only a SELECT may be the source of a merge.")
+        if isinstance(node, exp.With) and node.args.get("recursive"):
+            raise MergeSpecError(f"{where}: recursive CTEs (WITH RECURSIVE) are not supported.")
+        if (
+            isinstance(node, exp.CTE)
+            and isinstance(node.args.get("alias"), exp.TableAlias)
+            and node.args["alias"].columns
+        ):
+            raise MergeSpecError(
+                f"{where}: CTE column lists ({node.alias_or_name}(...) AS) are not supported; name the columns in "
+                "the CTE's SELECT."
+            )
+        if isinstance(node, exp.Anonymous):
+            check_function_name(function_name(node), where)
+        if isinstance(node, exp.Table):
+            check_relation(node, names, where)
+
+
+def check_relation(table: exp.Table, relations: Collection[str], where: str) -> None:
+    """A relation of a source query: a table read by path (by its placeholder name) or a CTE in scope."""
+    if not isinstance(table.this, exp.Identifier):
+        raise MergeSpecError(
+            f"{where}: table-valued functions ({table.this.sql(dialect=DIALECT, comments=False)}) are not allowed; "
+            "read tables by path, as delta.`/path`."
+        )
+    name = table.name.lower()
+    if (
+        not table.args.get("db")
+        and not table.args.get("catalog")
+        and (name in relations or name in visible_ctes(table))
+    ):
+        return
+    raise MergeSpecError(
+        f"{where}: {table.sql(dialect=DIALECT, comments=False)!r} is neither a table read by path "
+        "(delta.`/path`, parquet., json., csv.) nor a CTE of the query."
+    )
+
+
+def visible_ctes(table: exp.Expr) -> set[str]:
+    """The CTE names a table reference can mean, as Spark scopes them: the CTEs of every enclosing WITH, and
+    inside a CTE's own definition only the CTEs defined before it (a name not in scope is a catalog table)."""
+    names: set[str] = set()
+    child: exp.Expr = table
+    node = table.parent
+    while node is not None:
+        if isinstance(node, exp.With):
+            ctes = list(node.expressions)
+            before = next((i for i, cte in enumerate(ctes) if cte is child), len(ctes))
+            names.update(cte.alias_or_name.lower() for cte in ctes[:before])
+        elif isinstance(node, exp.Query):
+            with_ = node.args.get("with_")
+            if isinstance(with_, exp.With) and with_ is not child:
+                names.update(cte.alias_or_name.lower() for cte in with_.expressions)
+        child, node = node, node.parent
+    return names
+
+
+def source_query_sql(text: str, relations: Mapping[str, str], where: str) -> str:
+    """The text Spark runs for a source query: parsed, checked by ``check_source_query``, each placeholder
+    relation renamed as ``relations`` maps it, and regenerated by ``spark_text``."""
+    query = parse_query(text, where)
+    check_source_query(query, relations.keys(), where)
+    renames = {k.lower(): v for k, v in relations.items()}
+    for table in query.find_all(exp.Table):
+        new = renames.get(table.name.lower())
+        if new is not None and new != table.name and table.name.lower() not in visible_ctes(table):
+            table.set("this", exp.to_identifier(new))
+    return spark_text(query, where)
+
+
+def parse_query(text: str, where: str) -> exp.Query:
+    """One Spark SQL query (SELECT, set operations, WITH, VALUES)."""
+    try:
+        parsed = sqlglot.parse(text, read=DIALECT)
+    except ParseError as exc:
+        first = exc.errors[0]["description"] if exc.errors else str(exc)
+        raise MergeSpecError(f"{where}: cannot parse the source query: {first}") from None
+    except Exception as exc:
+        raise MergeSpecError(f"{where}: cannot parse the source query: {type(exc).__name__}") from None
+    if len(parsed) != 1 or not isinstance(parsed[0], exp.Query):
+        raise MergeSpecError(f"{where}: the source query must be one SELECT.")
+    return parsed[0]
 
 
 def clause_where(clause: MergeClause, index: int) -> str:
@@ -119,7 +298,7 @@ CLAUSE_SCOPES = {
 """The clauses that see one side only, as Delta names them, and the side they see."""
 
 
-def check_scope(node: exp.Expression, clause_type: str, target_alias: str, source_alias: str, where: str) -> None:
+def check_scope(node: exp.Expr, clause_type: str, target_alias: str, source_alias: str, where: str) -> None:
     """Refuse a column qualified by the alias a clause cannot see (NOT MATCHED sees only the source, NOT MATCHED
     BY SOURCE only the target): that needs no schema, so it is judged before any table is read."""
     if clause_type not in CLAUSE_SCOPES:
@@ -177,7 +356,40 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
                     node = parse_expression(value, value_where)
                     check_expression(node, value_where, deterministic=False)
                     check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, value_where)
-    return spec
+    return canonical_spec(spec)
+
+
+def canonical_spec(spec: MergeSpec) -> MergeSpec:
+    """The spec with every expression and the source query as ``spark_text`` regenerates them: what runs in
+    Spark is exactly what was checked."""
+
+    def text(value: str, where: str) -> str:
+        return spark_text(parse_expression(value, where), where)
+
+    def clause(c: MergeClause, index: int) -> MergeClause:
+        where = clause_where(c, index)
+        condition = None if c.condition is None else text(c.condition, f"{where}.condition")
+        action = c.action
+        if isinstance(action, UpdateAction) and not action.star:
+            action = dataclasses.replace(action, set={k: text(v, f"{where}.set.{k}") for k, v in action.set.items()})
+        elif isinstance(action, InsertAction) and not action.star:
+            action = dataclasses.replace(
+                action, values={k: text(v, f"{where}.values.{k}") for k, v in action.values.items()}
+            )
+        return dataclasses.replace(c, condition=condition, action=action)
+
+    source = spec.source
+    if isinstance(source, QuerySource):
+        identity = {name: name for name in source.relations}
+        source = dataclasses.replace(source, query=source_query_sql(source.query, identity, "source.query"))
+    return dataclasses.replace(
+        spec,
+        on=text(spec.on, "on"),
+        source=source,
+        matched=tuple(clause(c, i) for i, c in enumerate(spec.matched)),
+        not_matched=tuple(clause(c, i) for i, c in enumerate(spec.not_matched)),
+        not_matched_by_source=tuple(clause(c, i) for i, c in enumerate(spec.not_matched_by_source)),
+    )
 
 
 def column_path(column: str, target_alias: str) -> tuple[str, ...]:
@@ -197,7 +409,7 @@ def column_key(column: str, target_alias: str) -> str:
     return ".".join(column_path(column, target_alias))
 
 
-def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+def conjuncts(node: exp.Expr) -> list[exp.Expr]:
     node = node.unnest() if isinstance(node, exp.Paren) else node
     if isinstance(node, exp.And):
         return conjuncts(node.left) + conjuncts(node.right)
@@ -231,14 +443,14 @@ class Sides:
             return "source"
         return None
 
-    def sides_of(self, node: exp.Expression) -> set[str | None]:
+    def sides_of(self, node: exp.Expr) -> set[str | None]:
         return {self.side(c) for c in node.find_all(exp.Column)}
 
 
-def strip_qualifiers(node: exp.Expression) -> exp.Expression:
+def strip_qualifiers(node: exp.Expr) -> exp.Expr:
     """The expression over bare column names, as data skipping on the target reads it."""
 
-    def unqualify(n: exp.Expression) -> exp.Expression:
+    def unqualify(n: exp.Expr) -> exp.Expr:
         if isinstance(n, exp.Column) and n.table:
             return exp.column(n.name, quoted=True)
         return n
@@ -246,7 +458,7 @@ def strip_qualifiers(node: exp.Expression) -> exp.Expression:
     return node.copy().transform(unqualify)
 
 
-def target_only_predicates(on: str, sides: Sides) -> list[exp.Expression]:
+def target_only_predicates(on: str, sides: Sides) -> list[exp.Expr]:
     """Conjuncts of ON that reference only the target (Delta's getTargetOnlyPredicates), unqualified."""
     result = []
     for conjunct in conjuncts(parse_expression(on, "on")):
@@ -256,10 +468,10 @@ def target_only_predicates(on: str, sides: Sides) -> list[exp.Expression]:
     return result
 
 
-def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expression]]:
+def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expr]]:
     """``target_col = <source-only expression>`` conjuncts of ON: the target column and the source side.
     Ranges and values of the source side bound the target files that can match."""
-    keys: list[tuple[str, exp.Expression]] = []
+    keys: list[tuple[str, exp.Expr]] = []
     for conjunct in conjuncts(parse_expression(on, "on")):
         if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
             continue
@@ -284,8 +496,8 @@ class KeyedOn:
     """ON as column equalities plus conjuncts over one side only; references qualified with their alias."""
 
     keys: tuple[KeyEquality, ...]
-    target_only: tuple[exp.Expression, ...]
-    source_only: tuple[exp.Expression, ...]
+    target_only: tuple[exp.Expr, ...]
+    source_only: tuple[exp.Expr, ...]
 
 
 def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
@@ -295,8 +507,8 @@ def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
     rows per key instead of the matches per target row."""
     aliases = {"target": sides.target_alias, "source": sides.source_alias}
     keys: list[KeyEquality] = []
-    target_only: list[exp.Expression] = []
-    source_only: list[exp.Expression] = []
+    target_only: list[exp.Expr] = []
+    source_only: list[exp.Expr] = []
     for conjunct in conjuncts(parse_expression(on, "on")):
         found = sides.sides_of(conjunct)
         if None in found:
@@ -320,8 +532,8 @@ def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
     return KeyedOn(tuple(keys), tuple(target_only), tuple(source_only))
 
 
-def _qualified(node: exp.Expression, sides: Sides, aliases: dict[str, str]) -> exp.Expression:
-    def qualify(n: exp.Expression) -> exp.Expression:
+def _qualified(node: exp.Expr, sides: Sides, aliases: dict[str, str]) -> exp.Expr:
+    def qualify(n: exp.Expr) -> exp.Expr:
         if isinstance(n, exp.Column):
             side = sides.side(n)
             assert side is not None
@@ -331,11 +543,12 @@ def _qualified(node: exp.Expression, sides: Sides, aliases: dict[str, str]) -> e
     return node.copy().transform(qualify)
 
 
-def sql(node: exp.Expression) -> str:
-    return node.sql(dialect=DIALECT)
+def sql(node: exp.Expr) -> str:
+    """Spark SQL text of a tree, without comments (Spark and sqlglot read comments differently)."""
+    return node.sql(dialect=DIALECT, comments=False)
 
 
-def and_all(nodes: Iterable[exp.Expression]) -> exp.Expression | None:
+def and_all(nodes: Iterable[exp.Expr]) -> exp.Expr | None:
     nodes = list(nodes)
     if not nodes:
         return None

@@ -10,6 +10,7 @@ import base64
 import datetime as dt
 import decimal
 import functools
+import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,9 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine import delta
+from engine.delta.paths import ReadScope
 from engine.errors import SourceError, SourceRowError
+from engine.expressions import source_query_sql
 from engine.spec import QuerySource, RowsSource, Source, TableSource
 
 _SIMPLE_TYPES: Mapping[exp.DataType.Type, pa.DataType] = {
@@ -263,11 +266,17 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
         raise SourceError(f"rows: {exc}") from None
 
 
-def read_table_source(spark: SparkSession, source: TableSource) -> DataFrame:
+GLOB_CHARACTERS = frozenset("*?[]{}\\")
+"""Characters Hadoop expands in a path Spark reads: a glob could reach through a symlink out of the lake."""
+
+
+def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequence[str] = ()) -> DataFrame:
+    """The source's rows; its files are read only from its own path and ``lake_roots``."""
     if source.format == "delta":
-        snapshot = delta.load_snapshot(source.path)
+        snapshot = delta.load_snapshot(source.path, lake_roots=lake_roots)
         delta.check_supported(snapshot)
         return delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
+    check_file_source_path(source.path, lake_roots)
     reader = spark.read.format(source.format)
     if source.format == "csv" and "header" not in source.options:
         reader = reader.option("header", "true")
@@ -281,11 +290,35 @@ def read_table_source(spark: SparkSession, source: TableSource) -> DataFrame:
     return df
 
 
-def source_dataframe(spark: SparkSession, source: Source, views: list[str] | None = None) -> DataFrame:
+def check_file_source_path(path: str, lake_roots: Sequence[str] = ()) -> None:
+    """A file source Spark may read: no glob characters (Hadoop would expand them), and no symlink under it
+    that leads out of its own path and the lake roots (Spark lists a directory's files through symlinks)."""
+    found = sorted(GLOB_CHARACTERS.intersection(path))
+    if found:
+        raise SourceError(
+            f"source.path: {path!r} contains the glob character(s) {' '.join(found)}; globs are not supported: "
+            "name a file or a directory."
+        )
+    scope = ReadScope(path, lake_roots)
+    if not scope.contains(path):
+        raise SourceError(f"source.path: {path!r} lies outside the lake; it is not read.")
+    for parent, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            entry = os.path.join(parent, name)
+            if os.path.islink(entry) and not scope.contains(entry):
+                raise SourceError(
+                    f"source.path: {entry!r} under {path!r} is a symlink out of the lake; it is not read."
+                )
+
+
+def source_dataframe(
+    spark: SparkSession, source: Source, views: list[str] | None = None, lake_roots: Sequence[str] = ()
+) -> DataFrame:
     """The source as Spark sees it, before any merge column is added. Temporary views it creates for a
-    query source are appended to ``views`` for the caller to drop."""
+    query source are appended to ``views`` for the caller to drop. Files are read only from each source's own
+    path and ``lake_roots``."""
     if isinstance(source, TableSource):
-        return read_table_source(spark, source)
+        return read_table_source(spark, source, lake_roots)
     if isinstance(source, RowsSource):
         table = rows_to_arrow(source.rows, source.schema)
         if not table.num_rows:  # Spark infers a schema from the rows, so none are sent
@@ -293,13 +326,15 @@ def source_dataframe(spark: SparkSession, source: Source, views: list[str] | Non
         return spark.createDataFrame(table)
     if isinstance(source, QuerySource):
         suffix = uuid.uuid4().hex[:12]
-        query = source.query
+        names: dict[str, str] = {}
         for name, relation in source.relations.items():
             view = f"{name}_{suffix}"
-            read_table_source(spark, relation).createOrReplaceTempView(view)
+            read_table_source(spark, relation, lake_roots).createOrReplaceTempView(view)
             if views is not None:
                 views.append(view)
-            query = query.replace(name, view)
+            names[name] = view
+        # The query Spark runs is regenerated from the checked tree, its relations renamed in the tree.
+        query = source_query_sql(source.query, names, "source.query")
         try:
             df = spark.sql(query)
             df.schema  # noqa: B018

@@ -44,6 +44,8 @@ SESSION_CONF: Mapping[str, str] = {
     # Delta's statistics need min/max on timestamps; INT96 carries none.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.session.timeZone": "UTC",
+    # Spark would replace ${env:NAME} (and ${system:...}) in SQL text with the server's environment.
+    "spark.sql.variable.substitute": "false",
     # Planning a scan of explicit file paths lists them in parallel above this many paths: slow for 500 files.
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
     "spark.sql.ansi.enabled": "true",

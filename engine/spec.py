@@ -116,6 +116,9 @@ class MergeSpec:
     target_alias: str = "target"
     source_alias: str = "source"
     schema_evolution: bool = False
+    lake_roots: tuple[str, ...] = ()
+    """Directories beyond each table's own from which files may be read (a log may name files by absolute
+    path, as shallow clones do); empty: only the tables' and sources' own directories."""
 
     @property
     def clauses(self) -> tuple[MergeClause, ...]:

@@ -14,7 +14,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine.errors import MergeSpecError
-from engine.expressions import DIALECT, sql
+from engine.expressions import DIALECT, check_source_query, spark_text, sql, visible_ctes
 from engine.spec import (
     Action,
     DeleteAction,
@@ -34,6 +34,11 @@ def _table_source(table: exp.Table, where: str) -> TableSource:
     for arg, what in (("version", "time travel (VERSION/TIMESTAMP AS OF)"), ("sample", "TABLESAMPLE")):
         if table.args.get(arg) is not None:
             raise MergeSpecError(f"{where}: {what} is not supported; got {sql(table)!r}.")
+    if not isinstance(table.this, exp.Identifier):
+        raise MergeSpecError(
+            f"{where}: table-valued functions ({sql(table.this)}) are not allowed; read tables by path, as "
+            "delta.`/path`."
+        )
     fmt = (table.db or "").lower()
     if fmt not in FORMATS or not table.name or table.catalog:
         raise MergeSpecError(
@@ -42,23 +47,25 @@ def _table_source(table: exp.Table, where: str) -> TableSource:
     return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name)
 
 
-def _alias(node: exp.Expression, default: str) -> str:
+def _alias(node: exp.Expr, default: str) -> str:
     alias = node.args.get("alias")
     return str(alias.name) if alias is not None and alias.name else default
 
 
-def _source(using: exp.Expression) -> Source:
+def _source(using: exp.Expr) -> Source:
     if isinstance(using, exp.Table):
         return _table_source(using, "USING")
     if isinstance(using, exp.Subquery) and isinstance(using.this, exp.Query):
+        where = "USING (SELECT ...)"
         query = using.this.copy()
         relations: dict[str, TableSource] = {}
         unaliased: dict[tuple[str, ...], str] = {}
-        ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
         for table in list(query.find_all(exp.Table)):
-            if not table.db and table.name.lower() in ctes:
-                continue  # a name the query's own WITH defines
-            source = _table_source(table, "USING (SELECT ...)")
+            if not table.args.get("db") and table.name.lower() in visible_ctes(table):
+                continue  # a name the query's own WITH defines, in scope here
+            if table.find_ancestor(exp.Hint, exp.JoinHint) is not None:
+                continue  # check_source_query refuses the hint itself
+            source = _table_source(table, where)
             name = f"__merge_source_{len(relations)}"
             relations[name] = source
             replacement = exp.to_table(name)
@@ -70,7 +77,8 @@ def _source(using: exp.Expression) -> Source:
                 unaliased[(source.format, table.name)] = table.name
             table.replace(replacement)
         _requalify(query, unaliased)
-        return QuerySource(query=query.sql(dialect=DIALECT), relations=relations)
+        check_source_query(query, relations.keys(), where)
+        return QuerySource(query=spark_text(query, where), relations=relations)
     raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
 
 
@@ -86,7 +94,7 @@ def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
     return result
 
 
-def _star(node: exp.Expression, where: str) -> bool:
+def _star(node: exp.Expr, where: str) -> bool:
     """Whether ``node`` is ``*``; a ``* EXCEPT (...)`` is refused rather than read as every column."""
     if not isinstance(node, exp.Star):
         return False
@@ -118,7 +126,7 @@ def _action(when: exp.When, where: str) -> Action:
     raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
 
 
-def _qualifiers(table: exp.Expression, alias: str) -> dict[tuple[str, ...], str]:
+def _qualifiers(table: exp.Expr, alias: str) -> dict[tuple[str, ...], str]:
     """The names an unaliased path table answers to in expressions, as Spark resolves them: ``delta.`/p`.col``
     and `` `/p`.col``."""
     if not isinstance(table, exp.Table) or table.args.get("alias") is not None:
@@ -126,7 +134,7 @@ def _qualifiers(table: exp.Expression, alias: str) -> dict[tuple[str, ...], str]
     return {(table.db.lower(), table.name): alias, ("", table.name): alias}
 
 
-def _requalify(node: exp.Expression, qualifiers: dict[tuple[str, ...], str]) -> None:
+def _requalify(node: exp.Expr, qualifiers: dict[tuple[str, ...], str]) -> None:
     """Columns qualified by an unaliased table's name, qualified by the alias the spec uses for it instead."""
     if not qualifiers:
         return

@@ -1,5 +1,6 @@
-"""Lake roots: every target and source must resolve inside one, after symlinks, with no ``..`` and no scheme
-other than ``file``. The resolved path is also the table's identity for per-table ordering."""
+"""Lake roots: every target and source must resolve inside one, after symlinks, with no ``..``, no glob
+characters and no scheme other than ``file``. The resolved path is also the table's identity for per-table
+ordering."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from urllib.parse import unquote, urlsplit
 from service.errors import RequestValidationProblem
 
 MAX_PATH_LENGTH = 2048
+GLOB_CHARACTERS = frozenset("*?[]{}\\")
+"""Hadoop expands these in a path Spark reads; the expansion could pass through a symlink out of the lake after
+the path itself was checked, so paths with them are refused."""
 
 
 class LakeRoots:
@@ -54,4 +58,10 @@ class LakeRoots:
             raise refuse(f"{location!r} is not an absolute path.")
         if ".." in path.split("/"):
             raise refuse(f"{location!r} contains '..'.")
+        globs = sorted(GLOB_CHARACTERS.intersection(path))
+        if globs:
+            raise refuse(
+                f"{location!r} contains the glob character(s) {' '.join(globs)}; globs are not supported: name a "
+                "file or a directory."
+            )
         return path

@@ -81,13 +81,14 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
             field = field_of(message, "body")
         raise RequestValidationProblem(field, message, title=exc.title) from exc
     _check_rows(spec)
+    spec = dataclasses.replace(spec, lake_roots=tuple(str(r) for r in roots.roots))
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
 
 
 class ValidExpressions:
     """Remembers the expression parts of specs that ``engine.validate_spec`` accepted.
 
-    That check reads only the aliases, the ON condition and the clauses (never the target or the source), and
+    That check reads only the aliases, the ON condition, the clauses and a source query (never the paths), and
     parsing their expressions with sqlglot is most of a submission's CPU; integrations send the same few merges
     again and again. Only acceptance is remembered: a spec that fails is checked anew, so its 422 is unchanged.
     """
@@ -105,6 +106,7 @@ class ValidExpressions:
 
         return (
             spec.on,
+            spec.source.query if isinstance(spec.source, engine.QuerySource) else None,
             spec.target_alias,
             spec.source_alias,
             tuple(
@@ -119,7 +121,7 @@ class ValidExpressions:
             if key in self._seen:
                 self._seen.move_to_end(key)
                 return spec
-        spec = engine.validate_spec(spec)
+        engine.validate_spec(spec)  # run_merge validates again and runs the canonical form it returns
         with self._lock:
             self._seen[key] = None
             while len(self._seen) > self.size:

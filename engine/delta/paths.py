@@ -5,15 +5,19 @@
   absolute (``file:///...``);
 - partition directories: Spark (and Hive) escape special characters in ``k=v`` names as ``%XX``;
 - Spark reads: Spark globs any path with ``{}[]*?\\`` in it, so those characters are escaped;
-- ``_metadata.file_path``: Spark reports ``file:/abs/path`` with the path percent-encoded.
+- ``_metadata.file_path``: Spark reports ``file:/abs/path`` with the path percent-encoded;
+- confinement: every file a log names must lie, after symlinks, in the table's directory or a lake root.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlparse
+from uuid import UUID
 
 from engine.errors import DeltaError
 
@@ -82,3 +86,68 @@ def spark_read_path(local_path: str) -> str:
 SPARK_FILE_PATH_TO_LOCAL_SQL = "url_decode(replace(regexp_replace({col}, '^file:(//)?', ''), '+', '%2B'))"
 """SQL that turns Spark's ``_metadata.file_path`` (``file:/a%20b/c``) back into the local path (``/a b/c``).
 ``+`` is literal in those URIs, but url_decode would read it as a space."""
+
+
+class ReadScope:
+    """Where the files of one table (or one file source) may be read from: its own directory and the lake
+    roots, compared after symlinks. A log is data: an absolute ``file://`` path, a ``..`` or a symlink in it
+    must not take a read outside the lake."""
+
+    def __init__(self, root: str, lake_roots: Iterable[str] = ()) -> None:
+        self.root = root
+        self.roots = tuple(dict.fromkeys(os.path.realpath(r) for r in (root, *lake_roots)))
+        self._dirs: dict[str, str] = {}
+
+    def contains(self, local_path: str) -> bool:
+        """Whether ``local_path`` resolves inside the scope. A directory's resolution is remembered: a table's
+        files share a few directories, so a file costs one ``lstat``."""
+        path = os.path.normpath(local_path)
+        parent, name = os.path.split(path)
+        real_parent = self._dirs.get(parent)
+        if real_parent is None:
+            real_parent = self._dirs[parent] = os.path.realpath(parent)
+        real = os.path.join(real_parent, name)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        return any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.roots)
+
+    def check(self, local_path: str, named_as: str) -> str:
+        """``local_path`` if it lies in the scope; a DeltaError naming the path otherwise."""
+        if not self.contains(local_path):
+            raise DeltaError(
+                f"{self.root}: the file {named_as!r} lies outside the table's directory and every lake root; "
+                "it is not read."
+            )
+        return local_path
+
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def _z85_decode(text: str) -> bytes:
+    out = bytearray()
+    for start in range(0, len(text), 5):
+        value = 0
+        for char in text[start : start + 5]:
+            value = value * 85 + _Z85.index(char)
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def deletion_vector_path(descriptor: Mapping[str, Any], root: str) -> str | None:
+    """The local path of the file a deletion vector descriptor names (Delta's ``DeletionVectorDescriptor``):
+    ``u`` is a UUID under the table root (with an optional directory prefix), ``p`` an absolute path, ``i``
+    inline (no file)."""
+    kind = descriptor.get("storageType")
+    value = str(descriptor.get("pathOrInlineDv") or "")
+    if kind == "i":
+        return None
+    if kind == "p":
+        return log_path_to_local(value, root)
+    if kind == "u" and len(value) >= 20:
+        try:
+            uuid = UUID(bytes=_z85_decode(value[-20:]))
+        except (ValueError, OverflowError):
+            raise DeltaError(f"{root}: the deletion vector {value!r} has no valid UUID") from None
+        return os.path.join(root, value[:-20], f"deletion_vector_{uuid}.bin")
+    raise DeltaError(f"{root}: unknown deletion vector storage {kind!r} for {value!r}")

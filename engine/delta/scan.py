@@ -92,7 +92,7 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
             return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
         return empty
     if not partition_fields:
-        local = [add.absolute_path(snapshot.root) for add in unique]
+        local = [snapshot.file_path(add) for add in unique]
         plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
         if file_columns == "none":
             return plain
@@ -117,7 +117,7 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], fil
         values = {k.lower(): v for k, v in add.partition_values.items()}
         mapping_rows.append(
             (
-                add.absolute_path(snapshot.root),
+                snapshot.file_path(add),
                 add.path,
                 *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
             )

@@ -6,17 +6,21 @@ to this layer's forms (typed statistics, Delta's partition value strings).
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
-from engine.delta.paths import normalize_table
+from engine.delta.paths import ReadScope, deletion_vector_path, normalize_table
 from engine.delta.storage import Storage, storage_for
 from engine.delta.values import (
     leaf_fields,
@@ -43,6 +47,8 @@ class Snapshot:
     files: tuple[AddFile, ...]
     has_deletion_vectors: bool = False
     _table: Any = field(default=None, repr=False)
+    lake_roots: tuple[str, ...] = ()
+    """Directories beyond the table's own where its log may name files (the lake roots)."""
 
     @property
     def spark_schema(self) -> T.StructType:
@@ -79,6 +85,15 @@ class Snapshot:
         return T.StructType([f for f in self.spark_schema.fields if f.name.lower() not in parts])
 
     @cached_property
+    def read_scope(self) -> ReadScope:
+        return ReadScope(self.root, self.lake_roots)
+
+    def file_path(self, add: AddFile) -> str:
+        """The local path of a live file, to be read: a DeltaError if the log puts it outside the
+        table's directory and the lake roots."""
+        return self.read_scope.check(add.absolute_path(self.root), add.path)
+
+    @cached_property
     def files_by_path(self) -> dict[str, AddFile]:
         return {f.path: f for f in self.files}
 
@@ -98,8 +113,11 @@ class Snapshot:
         return None if version is None else int(version)
 
 
-def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> Snapshot:
-    """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there."""
+def load_snapshot(
+    table: str | os.PathLike[str], version: int | None = None, *, lake_roots: Sequence[str] = ()
+) -> Snapshot:
+    """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there.
+    Its files are read only from its own directory and ``lake_roots``."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError as RsDeltaError
     from deltalake.exceptions import DeltaProtocolError
@@ -142,7 +160,10 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
     )
     schema = parse_schema(metadata.schema_string)
     files = _files(dt, schema, metadata.partition_columns)
-    has_dvs = "deletionVectors" in (protocol.reader_features or ()) and _has_deletion_vectors(dt)
+    has_dvs = False
+    if "deletionVectors" in (protocol.reader_features or ()):
+        _check_deletion_vector_paths(root, ReadScope(root, lake_roots))
+        has_dvs = _has_deletion_vectors(dt)
     return Snapshot(
         table_uri=table_uri,
         root=root,
@@ -152,6 +173,7 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
         files=files,
         has_deletion_vectors=has_dvs,
         _table=dt,
+        lake_roots=tuple(lake_roots),
     )
 
 
@@ -162,6 +184,71 @@ def _has_deletion_vectors(dt: Any) -> bool:
         return pa.table(dt.deletion_vectors()).num_rows > 0
     except Exception:
         return True
+
+
+_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\..+)?\.(parquet|json)$")
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+def _check_deletion_vector_paths(root: str, scope: ReadScope) -> None:
+    """Every deletion vector file the log names must be in the read scope: deltalake opens them to tell whether
+    any file has one. Reads the adds of the latest checkpoint (and its sidecars) and of the commits after it;
+    adds no longer live are checked too, which only refuses a table whose log once named a file outside."""
+    try:
+        descriptors = _deletion_vector_descriptors(os.path.join(root, "_delta_log"))
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise DeltaError(f"Cannot read the deletion vectors of table {root}: {type(exc).__name__}") from exc
+    for descriptor in descriptors:
+        path = deletion_vector_path(descriptor, root)
+        if path is not None:
+            scope.check(path, str(descriptor.get("pathOrInlineDv")))
+
+
+def _deletion_vector_descriptors(log: str) -> list[Mapping[str, Any]]:
+    names = os.listdir(log)
+    checkpoints = [(int(m.group(1)), n) for n in names if (m := _CHECKPOINT_FILE.match(n))]
+    start = max((v for v, _ in checkpoints), default=-1)
+    found: list[Mapping[str, Any]] = []
+    for version, name in checkpoints:
+        if version == start:
+            found += _checkpoint_descriptors(log, os.path.join(log, name))
+    for name in names:
+        match = _COMMIT_FILE.match(name)
+        if match and int(match.group(1)) > start:
+            with open(os.path.join(log, name), encoding="utf-8") as f:
+                found += _json_descriptors(f.read())
+    return found
+
+
+def _json_descriptors(text: str) -> list[Mapping[str, Any]]:
+    found: list[Mapping[str, Any]] = []
+    for line in text.splitlines():
+        if '"deletionVector"' not in line:
+            continue
+        action = json.loads(line)
+        dv = (action.get("add") or {}).get("deletionVector") if isinstance(action, dict) else None
+        if isinstance(dv, dict):
+            found.append(dv)
+    return found
+
+
+def _checkpoint_descriptors(log: str, path: str) -> list[Mapping[str, Any]]:
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        sidecars = [json.loads(line)["sidecar"]["path"] for line in text.splitlines() if '"sidecar"' in line]
+        found = _json_descriptors(text)
+    else:
+        schema = pq.read_schema(path)
+        columns = [c for c in ("add", "sidecar") if c in schema.names]
+        table = pq.read_table(path, columns=columns)
+        found = []
+        if "add" in columns:
+            found = [a["deletionVector"] for a in table.column("add").to_pylist() if a and a.get("deletionVector")]
+        sidecars = [s["path"] for s in table.column("sidecar").to_pylist() if s] if "sidecar" in columns else []
+    for sidecar in sidecars:
+        found += _checkpoint_descriptors(log, os.path.join(log, "_sidecars", os.path.basename(unquote(sidecar))))
+    return found
 
 
 def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[AddFile, ...]:
