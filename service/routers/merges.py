@@ -12,11 +12,12 @@ from fastapi.responses import JSONResponse
 
 from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
 from service.jobs import JobRecord, NewJob, Status
+from service.middleware import StrictJsonRoute
 from service.problems import cancelled_problem
 from service.schemas import JobListOut, JobOut, MergeRequest, Problem
 from service.specs import build_merge
 
-router = APIRouter(prefix="/merges", tags=["merges"])
+router = APIRouter(prefix="/merges", tags=["merges"], route_class=StrictJsonRoute)
 log = structlog.get_logger(__name__)
 
 RETRY_AFTER_QUEUED = "2"
