@@ -147,6 +147,13 @@ def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
     return ctx.source.observe(obs, F.count(F.lit(1)).alias("numSourceRows"))
 
 
+def _observed_source_rows(ctx: MergeContext, obs: Observation) -> int:
+    """The source rows ``obs`` counted. Spark folds an ON with a NULL conjunct to false and prunes the join's
+    source side, its observation with it: the source is then counted on its own."""
+    observed = obs.get
+    return int(observed.get("numSourceRows") or 0) if observed else ctx.source.count()
+
+
 def _touches_every_match(spec: MergeSpec) -> bool:
     """Whether every match touches its file: the write reads every matched row when the merge has more than
     MATCHED clauses, and a MATCHED clause without condition acts on every match."""
@@ -448,7 +455,7 @@ class ClassicMergeExecutor:
         source = _source_with_count(ctx, obs)
         keyed = keyed_join(ctx) if _touches_every_match(spec) else None
         found = self._find_by_target_rows(source) if keyed is None else self._find_by_source_keys(source, keyed)
-        ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
+        ctx.metrics["numSourceRows"] = _observed_source_rows(ctx, obs)
         multiple_match_count = int(found.get("multiple_match_rows") or 0)
         multiple_match_sum = int(found.get("multiple_match_sum") or 0)
         if multiple_match_count > 0:
@@ -706,7 +713,7 @@ class ClassicMergeExecutor:
             joined, (), write_id=ctx.write_id, probes=probes, probe_metrics=probe_metrics
         )
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
-        source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        source_rows = ctx.metrics["numSourceRows"] = _observed_source_rows(ctx, obs_source)
         # Every target row the join gave takes one target-side action. The statistics' row count (required by
         # takes_single_pass) spares observing the scan, which would stop whole-stage code generation there.
         target_rows_out = sum(counts.get(c, 0) for c in TARGET_SIDE_ACTIONS)
@@ -812,7 +819,7 @@ class ClassicMergeExecutor:
         rows = repartition_for_write(ctx, rewritten.union(unmatched.select(*insert_cols)))
         added, cdc_files = self._write_output(rows, preimages, (), write_id=ctx.write_id)
         counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
-        source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+        source_rows = ctx.metrics["numSourceRows"] = _observed_source_rows(ctx, obs_source)
         written = sum(a.stats.num_records for a in added)
         counts[COPY] = written - counts[MATCHED_UPDATE] - counts[INSERT]
         target_rows_out = written - counts[INSERT] + counts[MATCHED_DELETE]

@@ -39,23 +39,104 @@ NONDETERMINISTIC_FUNCTIONS = frozenset(
 )
 
 
+MAX_EXPRESSION_CHARS = 65_536
+"""The longest expression text a merge may give (ON, a condition, an assigned value)."""
+MAX_EXPRESSION_NESTING = 32
+"""The deepest nesting of parentheses and brackets in an expression. sqlglot's parser recurses some twenty
+Python frames per level and gives up near fifty; the text is scanned before it is handed over."""
+MAX_EXPRESSION_DEPTH = 128
+"""The deepest expression tree (an ON of 20,000 OR terms is 20,000 deep): Spark's planning time grows with it
+and the engine's own walks recurse along it."""
+MAX_EXPRESSION_NODES = 10_000
+"""The most parts (operators, columns, literals) an expression may have."""
+_QUOTES = frozenset("'\"`")
+_OPENING, _CLOSING = frozenset("(["), frozenset(")]")
+
+
+def _excerpt(text: str, limit: int = 120) -> str:
+    """``text`` quoted for an error message, cut short when long: an answer need not echo 60,000 characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def nesting_depth(text: str) -> int:
+    """How deeply parentheses and brackets nest in ``text``, outside string literals and quoted names: a
+    linear scan, cheap enough to run on any input before a recursive parser sees it."""
+    depth = deepest = 0
+    quote: str | None = None
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\" and quote != "`":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in _QUOTES:
+            quote = ch
+        elif ch in _OPENING:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in _CLOSING:
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def _check_size(text: str, where: str) -> None:
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise MergeSpecError(
+            f"{where}: the expression is {len(text)} characters long; at most {MAX_EXPRESSION_CHARS} are accepted."
+        )
+    nesting = nesting_depth(text)
+    if nesting > MAX_EXPRESSION_NESTING:
+        raise MergeSpecError(
+            f"{where}: parentheses or brackets nest {nesting} levels deep in {_excerpt(text)}; "
+            f"at most {MAX_EXPRESSION_NESTING} are accepted."
+        )
+
+
+def _check_tree(node: exp.Expression, text: str, where: str) -> None:
+    """Depth and size of the parsed tree, walked without recursion (it may be thousands deep)."""
+    count = 0
+    stack: list[tuple[exp.Expression, int]] = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        count += 1
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise MergeSpecError(
+                f"{where}: {_excerpt(text)} nests more than {MAX_EXPRESSION_DEPTH} operations deep (a chain of "
+                "AND or OR counts one level per term); split it or use IN (...)."
+            )
+        if count > MAX_EXPRESSION_NODES:
+            raise MergeSpecError(
+                f"{where}: {_excerpt(text)} has more than {MAX_EXPRESSION_NODES} parts; at most "
+                f"{MAX_EXPRESSION_NODES} are accepted."
+            )
+        stack.extend((child, depth + 1) for child in current.iter_expressions())
+
+
 def parse_expression(text: str, where: str) -> exp.Expression:
-    """One Spark SQL expression; ``where`` names its place in the spec for the error message."""
+    """One Spark SQL expression; ``where`` names its place in the spec for the error message. Its size is
+    bounded (length, nesting, tree depth and parts) so no input can exhaust the parser's or Spark's stack."""
     if not isinstance(text, str) or not text.strip():
         raise MergeSpecError(f"{where}: the expression is empty.")
+    _check_size(text, where)
     try:
         parsed = sqlglot.parse(text, read=DIALECT)
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"{where}: cannot parse {text!r} as a Spark SQL expression: {first}") from None
+        raise MergeSpecError(f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}") from None
+    except RecursionError:
+        raise MergeSpecError(f"{where}: {_excerpt(text)} nests too deeply to parse.") from None
     except Exception as exc:
         first = f"{type(exc).__name__}: {exc}"
-        raise MergeSpecError(f"{where}: cannot parse {text!r} as a Spark SQL expression: {first}") from None
+        raise MergeSpecError(f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}") from None
     if len(parsed) != 1 or parsed[0] is None:
-        raise MergeSpecError(f"{where}: expected one expression, got {text!r}.")
+        raise MergeSpecError(f"{where}: expected one expression, got {_excerpt(text)}.")
     node = parsed[0]
     if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(node, exp.Expression):
-        raise MergeSpecError(f"{where}: {text!r} is not an expression.")
+        raise MergeSpecError(f"{where}: {_excerpt(text)} is not an expression.")
+    _check_tree(node, text, where)
     return node
 
 

@@ -13,7 +13,7 @@ import functools
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +29,16 @@ from engine.errors import SourceError, SourceRowError
 from engine.expressions import source_query_sql
 from engine.spec import QuerySource, RowsSource, Source, TableSource
 
-_SIMPLE_TYPES: Mapping[exp.DataType.Type, pa.DataType] = {
+MAX_NESTING = 32
+"""The deepest nesting of structs, arrays and maps in inline rows and their schema: deeper data is refused at
+submission rather than failing in Spark or in a parser's recursion."""
+MAX_DECIMAL_PRECISION = 38
+"""Spark's DECIMAL: precision 1 to 38, scale 0 to the precision."""
+_DECIMAL_CONTEXT = decimal.Context(prec=2 * MAX_DECIMAL_PRECISION + 2)
+"""Room for any DECIMAL(38, s) value while it is rounded to its scale (Python's default context holds 28 digits)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_SIMPLE_TYPES: Mapping[exp.DType, pa.DataType] = {
     exp.DataType.Type.BIGINT: pa.int64(),
     exp.DataType.Type.INT: pa.int32(),
     exp.DataType.Type.SMALLINT: pa.int16(),
@@ -51,27 +60,53 @@ _SIMPLE_TYPES: Mapping[exp.DataType.Type, pa.DataType] = {
 }
 
 
-def _arrow_type(node: exp.DataType, column: str) -> pa.DataType:
+def _decimal_type(node: exp.DataType, column: str) -> pa.DataType:
+    """DECIMAL, DECIMAL(p) or DECIMAL(p, s) within Spark's bounds."""
+    written = node.sql(dialect="spark")
+    if len(node.expressions) > 2:
+        raise SourceError(f"schema: {written} of column {column!r}: DECIMAL takes at most a precision and a scale.")
+    try:
+        params = [int(p.name) for p in node.expressions]
+    except ValueError:
+        raise SourceError(
+            f"schema: {written} of column {column!r}: the precision and scale must be whole numbers."
+        ) from None
+    precision = params[0] if params else 10
+    scale = params[1] if len(params) > 1 else 0
+    if not 1 <= precision <= MAX_DECIMAL_PRECISION:
+        raise SourceError(
+            f"schema: {written} of column {column!r}: the precision must be 1 to {MAX_DECIMAL_PRECISION}, "
+            "as Spark's DECIMAL takes it."
+        )
+    if not 0 <= scale <= precision:
+        raise SourceError(
+            f"schema: {written} of column {column!r}: the scale must be 0 to the precision ({precision}), "
+            "as Spark's DECIMAL takes it."
+        )
+    return pa.decimal128(precision, scale)
+
+
+def _arrow_type(node: exp.DataType, column: str, depth: int = 0) -> pa.DataType:
     kind = node.this
     if kind in _SIMPLE_TYPES:
         return _SIMPLE_TYPES[kind]
     if kind == exp.DataType.Type.DECIMAL:
-        params = [int(p.name) for p in node.expressions]
-        precision, scale = [*params, 10, 0][:2] if params else (10, 0)
-        if len(params) == 1:
-            scale = 0
-        return pa.decimal128(precision, scale)
+        return _decimal_type(node, column)
+    if depth >= MAX_NESTING:
+        raise SourceError(f"schema: the type of column {column!r} nests more than {MAX_NESTING} levels deep.")
     if kind == exp.DataType.Type.ARRAY and node.expressions:
-        return pa.list_(_arrow_type(node.expressions[0], column))
+        return pa.list_(_arrow_type(node.expressions[0], column, depth + 1))
     if kind == exp.DataType.Type.MAP and len(node.expressions) == 2:
-        return pa.map_(_arrow_type(node.expressions[0], column), _arrow_type(node.expressions[1], column))
+        return pa.map_(
+            _arrow_type(node.expressions[0], column, depth + 1), _arrow_type(node.expressions[1], column, depth + 1)
+        )
     if kind == exp.DataType.Type.STRUCT:
         fields = []
         for field in node.expressions:
             ftype = field.args.get("kind")
             if not isinstance(field, exp.ColumnDef) or ftype is None:
                 raise SourceError(f"schema: cannot read the struct field {field.sql()!r} of {column!r}.")
-            fields.append(pa.field(field.name, _arrow_type(ftype, f"{column}.{field.name}")))
+            fields.append(pa.field(field.name, _arrow_type(ftype, f"{column}.{field.name}", depth + 1)))
         return pa.struct(fields)
     raise SourceError(f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.")
 
@@ -86,9 +121,11 @@ def parse_schema(ddl: str) -> pa.Schema:
         create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise SourceError(f"schema: cannot parse {ddl!r} as a Spark DDL column list: {detail}") from None
+        raise SourceError(f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {detail}") from None
+    except RecursionError:
+        raise SourceError(f"schema: {_text(ddl)} nests more than {MAX_NESTING} levels deep.") from None
     except Exception as exc:
-        raise SourceError(f"schema: cannot parse {ddl!r} as a Spark DDL column list: {exc}") from None
+        raise SourceError(f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {exc}") from None
     schema = create.this if isinstance(create, exp.Create) else None
     if not isinstance(schema, exp.Schema) or not schema.expressions:
         raise SourceError(f"schema: {ddl!r} is not a column list such as 'id BIGINT, name STRING'.")
@@ -146,16 +183,27 @@ def _converter(dtype: pa.DataType) -> Callable[[Any], Any]:
 
         return to_float
     if pa.types.is_decimal(dtype):
+        quantum = decimal.Decimal(1).scaleb(-dtype.scale)
+        integer_digits = dtype.precision - dtype.scale
+
+        def fits(number: decimal.Decimal) -> bool:
+            return number.is_zero() or number.adjusted() < integer_digits
 
         def to_decimal(v: Any) -> decimal.Decimal:
             if isinstance(v, bool):
                 raise ValueError("expected a decimal, got a boolean")
-            number = decimal.Decimal(str(v))
-            quantum = decimal.Decimal(1).scaleb(-dtype.scale)
-            rounded = number.quantize(quantum, rounding=decimal.ROUND_HALF_UP)
-            if len(rounded.as_tuple().digits) - max(0, -rounded.as_tuple().exponent) > dtype.precision - dtype.scale:
-                raise ValueError(f"{v} does not fit DECIMAL({dtype.precision},{dtype.scale})")
-            return rounded
+            try:
+                number = decimal.Decimal(str(v))
+            except decimal.InvalidOperation:
+                raise ValueError("expected a decimal number") from None
+            if not number.is_finite():
+                raise ValueError("expected a finite decimal number")
+            # Checked before rounding too: a number far too large would overflow any rounding context.
+            if fits(number):
+                rounded = number.quantize(quantum, rounding=decimal.ROUND_HALF_UP, context=_DECIMAL_CONTEXT)
+                if fits(rounded):
+                    return rounded
+            raise ValueError(f"{_number_text(v)} does not fit DECIMAL({dtype.precision},{dtype.scale})")
 
         return to_decimal
     if pa.types.is_boolean(dtype):
@@ -213,6 +261,51 @@ def _fail(message: str) -> Any:
     raise ValueError(message)
 
 
+def _text(ddl: str, limit: int = 120) -> str:
+    """A schema quoted for an error message, cut short when long."""
+    return repr(ddl) if len(ddl) <= limit else repr(ddl[:limit]) + f"... ({len(ddl)} characters)"
+
+
+def _value_text(value: Any) -> str:
+    """A row value quoted for an error message, cut short when long."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+
+
+def _number_text(value: Any) -> str:
+    """A number for an error message, cut short when it runs to hundreds of digits."""
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def _integers_out_of_range(value: Any, path: str) -> Iterator[tuple[str, int]]:
+    """Integers in a JSON value (at any depth) that no 64-bit integer holds, with their path."""
+    stack = [(value, path)]
+    while stack:
+        current, where = stack.pop()
+        if isinstance(current, int) and not isinstance(current, bool):
+            if not INT64_MIN <= current <= INT64_MAX:
+                yield where, current
+        elif isinstance(current, Mapping):
+            stack.extend((v, f"{where}.{k}") for k, v in current.items())
+        elif isinstance(current, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(current))
+
+
+def _inferred_integer_error(rows: Sequence[Mapping[str, Any]]) -> SourceRowError | None:
+    """Without a schema a JSON integer is inferred as BIGINT: the first one beyond its range, named."""
+    for index, row in enumerate(rows):
+        for column, value in row.items():
+            for where, number in _integers_out_of_range(value, f"rows[{index}].{column}"):
+                return SourceRowError(
+                    f"{where}: {_number_text(number)} does not fit a 64-bit integer (BIGINT, the type a JSON "
+                    "integer is given without a schema); give a schema with a DECIMAL(38,0) or STRING column.",
+                    row=index,
+                    column=str(column),
+                )
+    return None
+
+
 def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.Table:
     """Typed Arrow data for inline rows; a value that does not convert raises SourceRowError naming it."""
     if not rows:
@@ -225,7 +318,10 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
                 raise SourceRowError(f"rows[{index}] is not a JSON object.", row=index, column="")
         try:
             table = pa.Table.from_pylist([dict(r) for r in rows])
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            out_of_range = _inferred_integer_error(rows)
+            if out_of_range is not None:
+                raise out_of_range from None
             raise SourceError(f"rows: cannot infer one type per column ({exc}); give a schema.") from None
         # A column that is NULL in every row has no type Spark can store; string is Spark's own choice.
         for i, field in enumerate(table.schema):
@@ -255,8 +351,9 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
             try:
                 columns[name].append(convert(value))
             except (ValueError, TypeError, ArithmeticError, decimal.InvalidOperation) as exc:
+                declared = by_name[name.lower()].type
                 raise SourceRowError(
-                    f"rows[{index}].{name}: {value!r} does not convert to {by_name[name.lower()].type}: {exc}",
+                    f"rows[{index}].{name}: {_value_text(value)} does not convert to {declared}: {exc}",
                     row=index,
                     column=name,
                 ) from None

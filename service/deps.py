@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -42,27 +43,47 @@ RootsDep = Annotated[LakeRoots, Depends(get_roots)]
 _bearer = HTTPBearer(auto_error=False, description="Required when the deployment configures API tokens.")
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the fingerprint of their bearer token ("" when the deployment has no tokens), and
+    whether they may see every caller's jobs (an admin token, or no tokens at all: everyone is one caller)."""
+
+    fingerprint: str
+    sees_all: bool
+
+    @property
+    def owner(self) -> str | None:
+        """Whose jobs this caller may read and cancel: its own fingerprint, or None for every job."""
+        return None if self.sees_all else self.fingerprint
+
+
+NO_TOKENS = Caller(fingerprint="", sees_all=True)
+
+
 async def require_token(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
-    """Bearer tokens, compared in constant time against every configured token. Answers who is calling: the
-    fingerprint of the caller's token, or "" when the deployment has no tokens (everyone is one caller)."""
-    if not settings.api_tokens:
-        return ""
+) -> Caller:
+    """Bearer tokens, compared in constant time against every configured token (API and admin tokens)."""
+    if not settings.api_tokens and not settings.admin_tokens:
+        return NO_TOKENS
     given = credentials.credentials.encode() if credentials is not None else b""
     matched: bytes | None = None
+    admin = False
     for token in settings.api_tokens:
         if hmac.compare_digest(given, token.encode()):
             matched = token.encode()
+    for token in settings.admin_tokens:
+        if hmac.compare_digest(given, token.encode()):
+            matched, admin = token.encode(), True
     if credentials is None or matched is None:
         raise HTTPException(
             status_code=401,
             detail="A valid bearer token is required (Authorization: Bearer <token>).",
             headers={"WWW-Authenticate": 'Bearer realm="merge-service"'},
         )
-    return hashlib.sha256(matched).hexdigest()
+    return Caller(fingerprint=hashlib.sha256(matched).hexdigest(), sees_all=admin)
 
 
-AuthDep = Annotated[str, Depends(require_token)]
-"""The caller's identity (see ``require_token``); declaring it makes an endpoint require a token."""
+AuthDep = Annotated[Caller, Depends(require_token)]
+"""The caller (see ``require_token``); declaring it makes an endpoint require a token."""

@@ -73,6 +73,8 @@ RECORD_COLUMNS = (
 # instead of building the statement and its key anew on every request.
 INSERT_JOB = insert(jobs).returning(*RECORD_COLUMNS)
 SELECT_JOB = select(*RECORD_COLUMNS).where(jobs.c.id == bindparam("job_id"))
+# A job belongs to the caller whose token fingerprint scopes its Idempotency-Key: the token that submitted it.
+SELECT_OWN_JOB = SELECT_JOB.where(jobs.c.idempotency_scope == bindparam("owner"))
 SELECT_BY_IDEMPOTENCY_KEY = select(*RECORD_COLUMNS, jobs.c.request_hash).where(
     jobs.c.idempotency_scope == bindparam("scope"), jobs.c.idempotency_key == bindparam("key")
 )
@@ -336,9 +338,14 @@ class JobManager:
             raise IdempotencyConflictError(new.idempotency_key or "", row.id)
         return _record(row)
 
-    def get(self, job_id: str) -> JobRecord:
+    def get(self, job_id: str, *, owner: str | None = None) -> JobRecord:
+        """The job; with ``owner``, only if that caller submitted it (another's job is as unknown as a
+        missing one)."""
         with self._tx(write=False, single_read=True) as conn:
-            row = conn.execute(SELECT_JOB, {"job_id": job_id}).first()
+            if owner is None:
+                row = conn.execute(SELECT_JOB, {"job_id": job_id}).first()
+            else:
+                row = conn.execute(SELECT_OWN_JOB, {"job_id": job_id, "owner": owner}).first()
         if row is None:
             raise JobNotFoundError(job_id)
         return _record(row)
@@ -357,9 +364,13 @@ class JobManager:
         target_key: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        owner: str | None = None,
     ) -> tuple[list[JobRecord], str | None]:
-        """Newest first; the cursor is opaque to callers and points past the last item of the previous page."""
+        """Newest first, only ``owner``'s jobs when given; the cursor is opaque to callers and points past the
+        last item of the previous page."""
         stmt = select(*RECORD_COLUMNS)
+        if owner is not None:
+            stmt = stmt.where(jobs.c.idempotency_scope == owner)
         if status is not None:
             stmt = stmt.where(jobs.c.status == status.value)
         if target_key is not None:
@@ -376,16 +387,21 @@ class JobManager:
             next_cursor = encode_cursor(items[-1].submitted_at, items[-1].id)
         return items, next_cursor
 
-    def request_cancel(self, job_id: str, *, problem: dict[str, Any]) -> tuple[JobRecord, bool]:
+    def request_cancel(
+        self, job_id: str, *, problem: dict[str, Any], owner: str | None = None
+    ) -> tuple[JobRecord, bool]:
         """A queued job is cancelled at once; a running one is flagged for its worker's next safe point.
-        Answers the job and whether this call ended it."""
+        Answers the job and whether this call ended it. With ``owner``, only that caller's job is touched."""
+        this_job = jobs.c.id == job_id
+        if owner is not None:
+            this_job = and_(this_job, jobs.c.idempotency_scope == owner)
         with self._tx(write=True) as conn:
             now = self.clock()
             # A queued job whose earlier attempt began committing may already be in the table: its next attempt
             # looks for its txn first, and honours the cancel only if the commit did not land.
             done = conn.execute(
                 update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.status == Status.QUEUED.value, ~jobs.c.commit_started)
+                .where(this_job, jobs.c.status == Status.QUEUED.value, ~jobs.c.commit_started)
                 .values(
                     status=Status.CANCELLED.value,
                     phase=Phase.DONE.value,
@@ -397,10 +413,10 @@ class JobManager:
             if not done:
                 conn.execute(
                     update(jobs)
-                    .where(jobs.c.id == job_id, jobs.c.status.in_([Status.RUNNING.value, Status.QUEUED.value]))
+                    .where(this_job, jobs.c.status.in_([Status.RUNNING.value, Status.QUEUED.value]))
                     .values(cancel_requested=True, updated_at=now)
                 )
-            row = conn.execute(select(*RECORD_COLUMNS).where(jobs.c.id == job_id)).first()
+            row = conn.execute(select(*RECORD_COLUMNS).where(this_job)).first()
         if row is None:
             raise JobNotFoundError(job_id)
         return _record(row), bool(done)

@@ -1,14 +1,73 @@
-"""ASGI middleware: the request body limit (413 before any parsing) and HTTP request metrics."""
+"""Around the handlers: the request body limit (413 before any parsing), strict JSON bodies (422 for what is not
+JSON) and HTTP request metrics."""
 
 from __future__ import annotations
 
+import json
+import math
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.metrics import ServiceMetrics
 from service.problems import problem
+
+
+class _NotJson(Exception):
+    """A value Python's JSON reader takes but JSON (RFC 8259) does not have."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"{text} is beyond the range of a JSON number (a 64-bit float)")
+    return value
+
+
+def loads_strict(body: bytes) -> Any:
+    """``body`` as RFC 8259 JSON. Python's reader also takes NaN and Infinity (and turns 1e999 into infinity),
+    and fails on bad UTF-8, deep nesting and overlong integers with errors FastAPI answers as 400: every
+    refusal here is a JSONDecodeError instead, which FastAPI answers as the validation problem (422)."""
+    try:
+        return json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise json.JSONDecodeError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}", exc.doc, exc.pos) from None
+    except _NotJson as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"the body is not UTF-8 text (byte {exc.start})", "", 0) from None
+    except RecursionError:
+        raise json.JSONDecodeError("objects and arrays nest too deeply", "", 0) from None
+    except ValueError as exc:  # an integer of more digits than Python reads
+        reason = "a number has too many digits" if "digits" in str(exc) else str(exc)
+        raise json.JSONDecodeError(reason, "", 0) from None
+
+
+class StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_strict(await self.body())
+        return self._json
+
+
+class StrictJsonRoute(APIRoute):
+    """A route whose JSON body is read by ``loads_strict``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJsonRequest(request.scope, request.receive))
+
+        return strict
 
 
 class BodyLimitMiddleware:

@@ -67,6 +67,8 @@ class Job(Base):
         ),
         # An Idempotency-Key names one job per caller (per API token; one scope when there are no tokens).
         Index("ux_merge_jobs_idempotency", "idempotency_scope", "idempotency_key", unique=True),
+        # A token lists its own jobs, newest first.
+        Index("ix_merge_jobs_scope_submitted", "idempotency_scope", "submitted_at", "id"),
         {"sqlite_autoincrement": True},
     )
 
@@ -88,7 +90,8 @@ class Job(Base):
     error: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     idempotency_scope: Mapped[str] = mapped_column(String(64), nullable=False, default="", server_default="")
-    """The fingerprint of the caller's API token, or empty when the deployment has no tokens."""
+    """The fingerprint of the submitting caller's API token, or empty when the deployment has no tokens. It scopes
+    the Idempotency-Key and who may read, list and cancel the job (that token, and admin tokens)."""
     request_hash: Mapped[str | None] = mapped_column(String(64))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -8,8 +8,9 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 import engine.errors as engine_errors
 from service.errors import (
@@ -84,6 +85,10 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     errors = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # its loc is the body and a character offset
+            reason = (err.get("ctx") or {}).get("error") or "JSON decode error"
+            errors.append({"field": "body", "message": f"the body is not valid JSON: {reason}"})
+            continue
         loc = tuple(err.get("loc", ()))
         field = field_path(loc)
         if loc and loc[0] == "header":
@@ -92,6 +97,21 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
             field = f"query {field}"
         errors.append({"field": field, "message": str(err.get("msg", "invalid"))})
     return errors
+
+
+PROBED_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers at this path, and OPTIONS. Starlette's 405 names only the methods of
+    the first route whose path matches (``/merges`` has one route for GET and one for POST). Each method is
+    tried as the router would route it, so routers included in routers are looked into too."""
+    methods = {"OPTIONS"}
+    for method in PROBED_METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            methods.add(method)
+    return sorted(methods)
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -152,11 +172,16 @@ def install_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> ProblemResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         detail: str | None = exc.detail if isinstance(exc.detail, str) else None
         if detail == HTTPStatus(exc.status_code).phrase:
             detail = None
-        return answer(request, exc.status_code, detail=detail, headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers=headers)
+        return answer(request, exc.status_code, detail=detail, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> ProblemResponse:

@@ -5,7 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+)
+from pydantic_core import PydanticCustomError
+
+from engine.source import MAX_NESTING
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 Assignments = Annotated[dict[str, NonEmpty], Field(min_length=1)]
@@ -27,10 +41,38 @@ class TableSourceIn(_Strict):
     )
 
 
+def _nests_within(value: Any, limit: int) -> bool:
+    """Whether JSON objects and arrays nest at most ``limit`` levels in ``value``; walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > limit:
+            return False
+        for child in current.values() if isinstance(current, dict) else current:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return True
+
+
+def _row_value(value: Any) -> Any:
+    """A row's value nests at most ``MAX_NESTING`` levels: deeper data fails in Spark, and beyond some 250
+    levels in the JSON serializer that stores the job."""
+    if isinstance(value, (dict, list)) and not _nests_within(value, MAX_NESTING):
+        raise PydanticCustomError(
+            "nesting_too_deep",
+            "objects and arrays nest more than {limit} levels deep; at most {limit} are accepted",
+            {"limit": MAX_NESTING},
+        )
+    return value
+
+
+RowValue = Annotated[Any, AfterValidator(_row_value)]
+
+
 class RowsSourceIn(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    rows: list[dict[str, Any]]
+    rows: list[dict[str, RowValue]]
     schema_ddl: str | None = Field(default=None, alias="schema", description="A Spark DDL column list.")
 
 

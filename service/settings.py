@@ -27,7 +27,11 @@ class Settings(BaseSettings):
     spark_remote: str = "local"
     lake_roots: CommaList = Field(default_factory=lambda: ["./var/lake"])
     api_tokens: CommaList = Field(default_factory=list)
-    """Empty means no authentication."""
+    """Bearer tokens, comma-separated; empty (with no admin tokens) means no authentication. Each token is a
+    tenant: it lists, reads and cancels only the jobs it submitted, and another token's job answers 404."""
+    admin_tokens: CommaList = Field(default_factory=list)
+    """Bearer tokens (``MERGE_SERVICE_ADMIN_TOKENS``, comma-separated) that may also list, read and cancel every
+    token's jobs, as operators need to. They authenticate like API tokens; jobs they submit are their own."""
     workers: int = Field(default=1, ge=0)
     api_processes: int | None = Field(default=None, ge=1)
     """API server processes sharing the port. Unset: one for ``serve`` (API and workers in one process) and for a
@@ -63,7 +67,7 @@ class Settings(BaseSettings):
     spark_probe_timeout_seconds: float = Field(default=3.0, gt=0)
     """A probe that has not answered within this time makes /readyz answer 503."""
 
-    @field_validator("lake_roots", "api_tokens", mode="before")
+    @field_validator("lake_roots", "api_tokens", "admin_tokens", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return _split_commas(value)

@@ -267,9 +267,10 @@ def _check_clause_rules(body: StructuredMergeIn) -> None:
 
 
 def _check_rows(spec: Any) -> None:
-    """Inline rows with a schema are converted now, so a value that does not fit is a 422, not a failed job."""
+    """Inline rows are converted now (typed by their schema, or inferred without one), so a value that does not
+    fit is a 422, not a failed job."""
     source = spec.source
-    if not isinstance(source, engine.RowsSource) or source.schema is None:
+    if not isinstance(source, engine.RowsSource):
         return
     try:
         engine.rows_to_arrow(source.rows, source.schema)

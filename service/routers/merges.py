@@ -12,11 +12,12 @@ from fastapi.responses import JSONResponse
 
 from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
 from service.jobs import JobRecord, NewJob, Status
+from service.middleware import StrictJsonRoute
 from service.problems import cancelled_problem
 from service.schemas import JobListOut, JobOut, MergeRequest, Problem
 from service.specs import build_merge
 
-router = APIRouter(prefix="/merges", tags=["merges"])
+router = APIRouter(prefix="/merges", tags=["merges"], route_class=StrictJsonRoute)
 log = structlog.get_logger(__name__)
 
 RETRY_AFTER_QUEUED = "2"
@@ -110,7 +111,7 @@ def submit_merge(
             dry_run=built.dry_run,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
-            idempotency_scope=caller,
+            idempotency_scope=caller.fingerprint,
         )
     )
     if created:
@@ -126,7 +127,7 @@ def submit_merge(
     responses={422: _problem("A query parameter is invalid."), **COMMON_ERRORS},
 )
 def list_merges(
-    _auth: AuthDep,
+    caller: AuthDep,
     manager: ManagerDep,
     roots: RootsDep,
     settings: SettingsDep,
@@ -139,7 +140,11 @@ def list_merges(
 ) -> Response:
     target_key = roots.resolve(target, "target") if target else None
     items, next_cursor = manager.list_jobs(
-        status=status, target_key=target_key, limit=min(limit, settings.list_limit_max), cursor=cursor
+        status=status,
+        target_key=target_key,
+        limit=min(limit, settings.list_limit_max),
+        cursor=cursor,
+        owner=caller.owner,
     )
     return JSONResponse({"items": [job_json(j) for j in items], "next_cursor": next_cursor})
 
@@ -150,12 +155,12 @@ def list_merges(
     summary="Read a merge job",
     responses={
         200: {"description": "The job.", "headers": {"Retry-After": JOB_HEADERS["Retry-After"]}},
-        404: _problem("No job has this id."),
+        404: _problem("No job of the caller's has this id (admin tokens see every job)."),
         **COMMON_ERRORS,
     },
 )
-def get_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
-    job = manager.get(job_id)
+def get_merge(job_id: JobId, caller: AuthDep, manager: ManagerDep) -> Response:
+    job = manager.get(job_id, owner=caller.owner)
     response = _job_response(job, 200)
     del response.headers["Location"]
     return response
@@ -171,13 +176,15 @@ def get_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep) -> Response:
             "description": "A queued job is cancelled at once; a running one at its next safe point.",
             "headers": JOB_HEADERS,
         },
-        404: _problem("No job has this id."),
+        404: _problem("No job of the caller's has this id (admin tokens see every job)."),
         **COMMON_ERRORS,
     },
 )
-def cancel_merge(job_id: JobId, _auth: AuthDep, manager: ManagerDep, metrics: MetricsDep) -> Response:
+def cancel_merge(job_id: JobId, caller: AuthDep, manager: ManagerDep, metrics: MetricsDep) -> Response:
     job, ended = manager.request_cancel(
-        job_id, problem=cancelled_problem("The job was cancelled before it started; the table is unchanged.")
+        job_id,
+        problem=cancelled_problem("The job was cancelled before it started; the table is unchanged."),
+        owner=caller.owner,
     )
     if ended:
         metrics.jobs_finished.labels("cancelled").inc()
