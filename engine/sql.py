@@ -14,7 +14,15 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine.errors import MergeSpecError
-from engine.expressions import DIALECT, check_source_query, spark_text, sql, visible_ctes
+from engine.expressions import (
+    DIALECT,
+    MAX_EXPRESSION_NESTING,
+    check_source_query,
+    nesting_depth,
+    spark_text,
+    sql,
+    visible_ctes,
+)
 from engine.spec import (
     Action,
     DeleteAction,
@@ -28,6 +36,10 @@ from engine.spec import (
 )
 
 FORMATS = ("delta", "parquet", "json", "csv")
+
+MAX_STATEMENT_NESTING = MAX_EXPRESSION_NESTING + 8
+"""A statement nests its expressions inside its own parentheses (a source query, a subquery in it); each
+expression is held to MAX_EXPRESSION_NESTING afterwards. Checked by a scan before sqlglot recurses."""
 
 
 def _table_source(table: exp.Table, where: str) -> TableSource:
@@ -157,6 +169,11 @@ def parse_merge_sql(text: str) -> MergeSpec:
     """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong.
     ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
     text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
+    nesting = nesting_depth(text)
+    if nesting > MAX_STATEMENT_NESTING:
+        raise MergeSpecError(
+            f"sql: parentheses or brackets nest {nesting} levels deep; at most {MAX_STATEMENT_NESTING} are accepted."
+        )
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except ParseError as exc:
