@@ -5,50 +5,33 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import decimal
 import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.compute as pc
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DoubleType,
-    FloatType,
-    StringType,
     StructType,
-    TimestampType,
 )
 from sqlglot import exp
 
 from engine import delta
+from engine.context import MergeContext
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
-    DataCastError,
-    MergeCancelledError,
-    MergeExecutionError,
-    MergeResolutionError,
     MergeServiceEngineError,
-    SparkUnavailableError,
 )
-from engine.executors import INTEGRAL_TYPES, ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
+from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor
 from engine.expressions import (
     Sides,
     and_all,
     conjuncts,
     equi_join_keys,
     parse_expression,
-    quote_identifier,
     sql,
     strip_qualifiers,
     target_only_predicates,
@@ -56,11 +39,12 @@ from engine.expressions import (
 )
 from engine.resolution import Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-from engine.source import rows_to_arrow, source_dataframe
+from engine.source import source_dataframe
+from engine.source_keys import SourceKeyRanges
+from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, MergeSpec, RowsSource, TableSource, UpdateAction
 
 MAX_CONFLICT_RETRIES = 3
-MAX_PARTITION_VALUES_FOR_SKIPPING = 200
 ENGINE_INFO = "merge-service/0.1.0"
 
 ProgressCallback = Callable[[Phase], None]
@@ -86,98 +70,6 @@ def run_merge(
     raise AssertionError("unreachable")
 
 
-def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
-    """Spark's errors by kind: data that does not fit, names that do not resolve, cancellation, transport."""
-    condition = ""
-    for getter in ("getCondition", "getErrorClass"):
-        fn = getattr(exc, getter, None)
-        if fn is not None:
-            try:
-                condition = fn() or ""
-            except Exception:
-                condition = ""
-            if condition:
-                break
-    text = str(exc).strip()
-    first = text.splitlines()[0][:1000] if text else type(exc).__name__
-    if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
-        return MergeCancelledError("The merge was cancelled while Spark was running it.")
-    if any(
-        k in condition
-        for k in (
-            "CAST_OVERFLOW",
-            "CAST_INVALID_INPUT",
-            "NUMERIC_VALUE_OUT_OF_RANGE",
-            "ARITHMETIC_OVERFLOW",
-            "NUMERIC_OUT_OF_SUPPORTED_RANGE",
-            "DATETIME_OVERFLOW",
-        )
-    ):
-        return DataCastError(f"A value does not fit its target column: {first}")
-    if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
-        return MergeResolutionError(first)
-    name = type(exc).__name__
-    if name in ("SparkConnectGrpcException", "RetriesExceeded") and any(
-        k in text for k in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed", "DEADLINE")
-    ):
-        return SparkUnavailableError(f"Spark Connect failed: {first}")
-    if name == "AnalysisException":
-        return MergeResolutionError(first)
-    return MergeExecutionError(first)
-
-
-def _literal(value: Any) -> exp.Expression | None:
-    """A SQL literal for a statistics bound; None for values data skipping cannot compare."""
-    if isinstance(value, bool):
-        return exp.Boolean(this=value)
-    if isinstance(value, (int, decimal.Decimal)):
-        return exp.Literal.number(str(value))
-    if isinstance(value, float):
-        return exp.Literal.number(repr(value)) if value == value and abs(value) != float("inf") else None
-    if isinstance(value, str):
-        return exp.Literal.string(value)
-    if isinstance(value, dt.datetime):
-        stamp = value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
-        return exp.cast(exp.Literal.string(stamp.isoformat(sep=" ")), exp.DataType.build("timestamp"))
-    if isinstance(value, dt.date):
-        return exp.cast(exp.Literal.string(value.isoformat()), exp.DataType.build("date"))
-    return None
-
-
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-def _as_is(column: Column) -> Column:
-    return column
-
-
-def _instant(micros: int | None) -> dt.datetime | None:
-    """A TIMESTAMP from its microseconds since the epoch, in UTC."""
-    return None if micros is None else EPOCH + dt.timedelta(microseconds=micros)
-
-
-@dataclass
-class _KeyRange:
-    low: Any = None
-    high: Any = None
-    nulls: int = 0
-    values: list[Any] | None = None
-
-
-_STATS_RANGE_TYPES = (*INTEGRAL_TYPES, DateType, StringType)
-"""Types whose Delta statistics bound the values exactly enough: timestamps are truncated to milliseconds,
-floats may hold NaN and some writers (delta-rs) round decimals through doubles, so those ranges come from
-Spark."""
-
-
-def _comparable(source: DataType | None, target: DataType | None) -> bool:
-    if source is None or target is None:
-        return False
-    if isinstance(source, INTEGRAL_TYPES) and isinstance(target, INTEGRAL_TYPES):
-        return True
-    return type(source) is type(target) and not isinstance(source, (FloatType, DoubleType, BinaryType, BooleanType))
-
-
 class MergeIntoCommand:
     def __init__(
         self,
@@ -200,7 +92,7 @@ class MergeIntoCommand:
         self._outcome_unknown = False
         self._source_snap: Any = None
         self._ctx: MergeContext | None = None
-        self._source_key_ranges: dict[str, tuple[Any, Any]] = {}
+        self._source_keys = SourceKeyRanges(spec, self._source_snapshot)
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -286,7 +178,7 @@ class MergeIntoCommand:
             cdc_enabled=bool(snapshot.cdf_enabled),
             key_exprs=key_exprs,
             source_rows_estimate=self._source_rows_estimate(),
-            source_key_ranges=dict(self._source_key_ranges),
+            source_key_ranges=dict(self._source_keys.ranges),
         )
         self._ctx = ctx
         removed: list[Any] = []
@@ -297,20 +189,7 @@ class MergeIntoCommand:
         else:
             self.on_progress("finding_touched_files")
             executor = ClassicMergeExecutor(ctx)
-            single_pass = executor.takes_single_pass()
-            written = None
-            if single_pass:
-                # findTouchedFiles folded into the write: the files it touches are known once it is written.
-                self.on_progress("writing")
-                written = executor.write_in_one_pass()
-            if ctx.touched_files_known:
-                touched = ctx.touched_files
-            else:
-                if single_pass:
-                    # The single pass was given up before it knew the touched files (a multiple match).
-                    self.on_progress("finding_touched_files")
-                touched = executor.find_touched_files()
-                self.on_progress("writing")
+            touched, written = executor.find_touched_files_or_write(self.on_progress)
             if written is not None:
                 added, cdc_files = written
                 removed = touched
@@ -374,124 +253,8 @@ class MergeIntoCommand:
             if per_clause:
                 predicates.append(exp.or_(*per_clause) if len(per_clause) > 1 else per_clause[0])
         if len(files) > 1:
-            predicates.extend(self._source_key_predicates(snapshot, source, sides))
+            predicates.extend(self._source_keys.source_key_predicates(snapshot, source, sides))
         return and_all(predicates)
-
-    def _source_key_predicates(self, snapshot: Any, source: DataFrame, sides: Sides) -> list[exp.Expression]:
-        """``target_key BETWEEN min AND max`` of each ON equality's source side (an IN list for partition
-        columns), from the source's own statistics where it has them, else from one Spark aggregation."""
-        target_types = {f.name.lower(): f.dataType for f in snapshot.spark_schema.fields}
-        source_types = {f.name.lower(): f.dataType for f in source.schema.fields}
-        keys = []
-        for column, source_expr in equi_join_keys(self.spec.on, sides):
-            # Bounds are compared in the target column's type: only keys of the same kind of type are safe.
-            if isinstance(source_expr, exp.Column) and _comparable(
-                source_types.get(str(source_expr.name).lower()), target_types.get(column.lower())
-            ):
-                keys.append((column, str(source_expr.name)))
-        if not keys:
-            return []
-        partition_cols = {c.lower() for c in snapshot.partition_columns}
-        ranges = [_KeyRange() for _ in keys]
-        missing = [
-            i
-            for i, (column, name) in enumerate(keys)
-            if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)
-        ]
-        if missing:
-            aggs = []
-            instants = set()
-            for i in missing:
-                value = F.col(quote_identifier(keys[i][1]))
-                # Spark Connect hands TIMESTAMP values over as naive datetimes in this process's time zone;
-                # microseconds since the epoch cross over exactly.
-                if isinstance(source_types.get(keys[i][1].lower()), TimestampType):
-                    instants.add(i)
-                crossed = F.unix_micros if i in instants else _as_is
-                aggs += [
-                    crossed(F.min(value)).alias(f"min{i}"),
-                    crossed(F.max(value)).alias(f"max{i}"),
-                    F.count(F.when(value.isNull(), 1)).alias(f"nulls{i}"),
-                ]
-                if keys[i][0].lower() in partition_cols:
-                    values = F.slice(F.collect_set(value), 1, MAX_PARTITION_VALUES_FOR_SKIPPING + 1)
-                    aggs.append((F.transform(values, crossed) if i in instants else values).alias(f"values{i}"))
-            row = source.agg(*aggs).collect()[0].asDict()
-            for i in missing:
-                low, high, values = row[f"min{i}"], row[f"max{i}"], row.get(f"values{i}")
-                if i in instants:
-                    low, high = _instant(low), _instant(high)
-                    values = None if values is None else [_instant(v) for v in values]
-                ranges[i] = _KeyRange(low, high, int(row[f"nulls{i}"] or 0), values)
-        null_safe_columns = set()
-        for c in conjuncts(parse_expression(self.spec.on, "on")):
-            if isinstance(c, exp.NullSafeEQ):
-                null_safe_columns |= {
-                    str(side.name).lower() for side in (c.left, c.right) if isinstance(side, exp.Column)
-                }
-        predicates: list[exp.Expression] = []
-        for (column, _), rng in zip(keys, ranges, strict=True):
-            self._source_key_ranges[column.lower()] = (rng.low, rng.high)
-            col = exp.column(column, quoted=True)
-            has_nulls = rng.nulls > 0 and column.lower() in null_safe_columns
-            lo, hi = _literal(rng.low), _literal(rng.high)
-            if rng.low is None:
-                pred: exp.Expression = exp.Is(this=col, expression=exp.Null()) if has_nulls else exp.false()
-            elif lo is None or hi is None:
-                continue
-            else:
-                pred = exp.Between(this=col, low=lo, high=hi)
-                if rng.values is not None and len(rng.values) <= MAX_PARTITION_VALUES_FOR_SKIPPING:
-                    literals = [_literal(v) for v in rng.values if v is not None]
-                    if literals and all(lit is not None for lit in literals):
-                        pred = exp.In(this=col.copy(), expressions=literals)
-                if has_nulls:
-                    pred = exp.or_(pred, exp.Is(this=col.copy(), expression=exp.Null()))
-            predicates.append(pred)
-        return predicates
-
-    def _range_from_source_stats(self, name: str, rng: _KeyRange, *, want_values: bool) -> bool:
-        """Fill ``rng`` without a Spark job: inline rows are at hand, and a Delta source's log has per-file
-        min, max and null counts (lower and upper bounds, which is all skipping needs)."""
-        source = self.spec.source
-        if isinstance(source, RowsSource):
-            table = rows_to_arrow(source.rows, source.schema)
-            match = next((n for n in table.column_names if n.lower() == name.lower()), None)
-            if match is None:
-                return False
-            column = table.column(match)
-            bounds = pc.min_max(column).as_py() if len(column) else {"min": None, "max": None}
-            rng.low, rng.high, rng.nulls = bounds["min"], bounds["max"], column.null_count
-            if want_values:
-                rng.values = pc.unique(column.drop_null()).to_pylist()[: MAX_PARTITION_VALUES_FOR_SKIPPING + 1]
-            return True
-        if not (isinstance(source, TableSource) and source.format == "delta") or want_values:
-            return False
-        snap = self._source_snapshot()
-        if name.lower() in {c.lower() for c in snap.partition_columns}:
-            return False
-        dtype = next((f.dataType for f in snap.spark_schema.fields if f.name.lower() == name.lower()), None)
-        if not isinstance(dtype, _STATS_RANGE_TYPES):
-            return False
-        low = high = None
-        nulls = 0
-        for f in snap.files:
-            st = f.stats
-            if st is None or st.num_records is None:
-                return False
-            file_nulls = st.value("null_count", [name])
-            if file_nulls is None:
-                return False
-            nulls += int(file_nulls)
-            if file_nulls == st.num_records:
-                continue
-            fmin, fmax = st.value("min_values", [name]), st.value("max_values", [name])
-            if fmin is None or fmax is None:
-                return False
-            low = fmin if low is None or fmin < low else low
-            high = fmax if high is None or fmax > high else high
-        rng.low, rng.high, rng.nulls = low, high, nulls
-        return True
 
     def _source_snapshot(self) -> Any:
         if self._source_snap is None:
