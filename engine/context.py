@@ -37,6 +37,9 @@ class MergeContext:
     cdc_enabled: bool = False
     deduplicate_cdf_deletes: bool = False
     """Set by findTouchedFiles: several source rows matched one target row under the delete-only exemption."""
+    multiple_match_delete_overcount: int = 0
+    """Set by findTouchedFiles under the same exemption: the extra matches, each of which deletes its target row
+    again, that Delta subtracts from numTargetRowsMatchedDeleted."""
     key_exprs: Sequence[str] = ()
     """Source-side expressions of the ON equalities, to name colliding keys in the multiple-match error."""
     touched_files: list[Any] = field(default_factory=list)
@@ -65,5 +68,5 @@ class MergeContext:
             self.matched_source_keys = None
 
 
-def _source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
+def source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
     return ctx.source.observe(obs, F.count(F.lit(1)).alias("numSourceRows"))

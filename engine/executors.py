@@ -23,12 +23,17 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from engine import delta, single_pass
-from engine.context import MergeContext, _source_with_count
+from engine.context import MergeContext, source_with_count
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import KeyedOn, quote_identifier, sql
-from engine.join_keys import _key_condition, _qualified, keyed_join
-from engine.joins import broadcast_full_outer, source_fits_broadcast, source_rows_matching_no_key, unmatched_source_rows
-from engine.key_bitmap import key_bitmap
+from engine.join_keys import key_condition, keyed_join, qualified_column
+from engine.joins import (
+    broadcast_full_outer,
+    source_fits_broadcast,
+    unmatched_source_rows,
+    unmatched_source_rows_by_matched_keys,
+)
+from engine.key_bitmap import KeyBitmap
 from engine.output import (
     ACTION_COL,
     DROP_SOURCE,
@@ -43,7 +48,7 @@ from engine.output import (
     generate_precomputed_conditions_and_df,
 )
 from engine.result import Phase
-from engine.single_pass import _touches_every_match
+from engine.single_pass import touches_every_match
 from engine.spark import Observation
 from engine.spec import DeleteAction, MergeSpec
 from engine.write_files import (
@@ -98,8 +103,8 @@ class ClassicMergeExecutor:
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return []
         obs = Observation("numSourceRows")
-        source = _source_with_count(ctx, obs)
-        keyed = keyed_join(ctx) if _touches_every_match(spec) else None
+        source = source_with_count(ctx, obs)
+        keyed = keyed_join(ctx) if touches_every_match(spec) else None
         found = self._find_by_target_rows(source) if keyed is None else self._find_by_source_keys(source, keyed)
         ctx.metrics["numSourceRows"] = int(obs.get.get("numSourceRows", 0) or 0)
         multiple_match_count = int(found.get("multiple_match_rows") or 0)
@@ -108,7 +113,7 @@ class ClassicMergeExecutor:
             if not _is_only_one_unconditional_delete(spec):
                 raise MultipleMatchError(self._multiple_match_message(self._matches()))
             # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
-            ctx.metrics["_multipleMatchDeleteOnlyOvercount"] = multiple_match_sum - multiple_match_count
+            ctx.multiple_match_delete_overcount = multiple_match_sum - multiple_match_count
             ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
         if spec.not_matched_by_source:
             touched_names = {f.path for f in ctx.candidate_files}
@@ -151,23 +156,23 @@ class ClassicMergeExecutor:
         """findTouchedFiles without shuffling the target: the source is grouped by its join keys (rows that
         no target row can match left out) and broadcast; each target row meets at most one group, whose row
         count is that row's number of matches. The matched keys are kept for writeAllChanges when it will need
-        the source rows that match nothing."""
+        the unmatched source rows."""
         ctx = self.ctx
         spec = ctx.spec
         s, t = spec.source_alias, spec.target_alias
         groups = self._grouped_by_key(source, keyed).agg(F.count(F.lit(1)).alias(SOURCE_KEY_ROWS_COL))
-        condition = _key_condition(
+        condition = key_condition(
             keyed,
-            [_qualified(t, k.target_column) for k in keyed.keys],
-            [_qualified(s, k.source_column) for k in keyed.keys],
+            [qualified_column(t, k.target_column) for k in keyed.keys],
+            [qualified_column(s, k.source_column) for k in keyed.keys],
         )
         for predicate in keyed.target_only:
             condition = condition & F.expr(sql(predicate))
         target = ctx.target_df(ctx.candidate_files).alias(t)
         matched = target.join(F.broadcast(groups.alias(s)), condition, "inner").select(
-            F.col(_qualified(t, delta.FILE_NAME_COL)).alias(delta.FILE_NAME_COL),
+            F.col(qualified_column(t, delta.FILE_NAME_COL)).alias(delta.FILE_NAME_COL),
             F.col(SOURCE_KEY_ROWS_COL),
-            *[F.col(_qualified(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)],
+            *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)],
         )
         if spec.not_matched and self._may_broadcast_source():
             matched = matched.persist()
@@ -229,7 +234,7 @@ class ClassicMergeExecutor:
 
     def _join_for_write(self, source: DataFrame, counted: DataFrame, target: DataFrame) -> DataFrame:
         """The touched target rows with their matching source rows (right outer for matched-only merges), plus
-        the source rows matching none (full outer). When the source fits a broadcast the full outer join is a
+        the unmatched source rows (full outer). When the source fits a broadcast the full outer join is a
         broadcast left outer join of the target, united with the unmatched source rows: the target's rows are
         streamed once instead of shuffled. ``counted`` is ``source`` observed, read where every source row
         streams past once."""
@@ -240,10 +245,10 @@ class ClassicMergeExecutor:
             return counted.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return counted.alias(s).join(target.alias(t), on, "full_outer")
-        bitmap = key_bitmap(ctx, ctx.metrics.get("numSourceRows"))
+        bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows"))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
-            unmatched = source_rows_matching_no_key(counted, matched, keyed, s)
+            unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, s)
         else:
             unmatched = unmatched_source_rows(ctx, counted, ctx.touched_files, bitmap, probe=source)
         return broadcast_full_outer(ctx, source, target, unmatched, bitmap)
@@ -314,7 +319,11 @@ class InsertOnlyMergeExecutor:
             target = ctx.target_df(ctx.candidate_files, file_columns=False)
             if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
                 new_rows = unmatched_source_rows(
-                    ctx, source, ctx.candidate_files, key_bitmap(ctx, ctx.source_rows_estimate), probe=ctx.source
+                    ctx,
+                    source,
+                    ctx.candidate_files,
+                    KeyBitmap.for_merge(ctx, ctx.source_rows_estimate),
+                    probe=ctx.source,
                 )
             else:
                 new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")

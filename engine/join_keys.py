@@ -15,7 +15,7 @@ from pyspark.sql.types import (
 )
 
 from engine.context import MergeContext
-from engine.delta.values import INTEGRAL_TYPES
+from engine.delta import INTEGRAL_TYPES
 from engine.expressions import KeyedOn, Sides, keyed_on, quote_identifier
 
 
@@ -28,7 +28,7 @@ def _same_key_values(source: DataType | None, target: DataType | None) -> bool:
     return source == target and not isinstance(source, (StructType, ArrayType, MapType))
 
 
-def _key_condition(keyed: KeyedOn, left: Sequence[str], right: Sequence[str]) -> Column:
+def key_condition(keyed: KeyedOn, left: Sequence[str], right: Sequence[str]) -> Column:
     """ON's key equalities, each between ``left[i]`` and ``right[i]`` (qualified names) with its key's
     null-safety."""
     condition: Column | None = None
@@ -40,7 +40,7 @@ def _key_condition(keyed: KeyedOn, left: Sequence[str], right: Sequence[str]) ->
     return condition
 
 
-def _qualified(alias: str, name: str) -> str:
+def qualified_column(alias: str, name: str) -> str:
     return f"{quote_identifier(alias)}.{quote_identifier(name)}"
 
 

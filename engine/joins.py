@@ -1,6 +1,6 @@
 """The merge's join plans and their choice: whether the source is broadcast past the streamed target or both
-sides are shuffled (Delta's own plan), and how the source rows matching no target row are found without
-shuffling the target."""
+sides are shuffled (Delta's own plan), and how the unmatched source rows (``source LEFT ANTI JOIN target``: the
+source rows matching no target row) are found without shuffling the target."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pyspark.sql.types import (
 from engine import delta
 from engine.context import MergeContext
 from engine.expressions import KeyedOn, sql
-from engine.join_keys import _key_condition, _qualified
+from engine.join_keys import key_condition, qualified_column
 from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
 
 BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
@@ -30,7 +30,7 @@ MATCHED_KEYS_ALIAS = "_matched_keys_"
 
 HELD_TARGET_ROWS_PER_KEY = 2
 """The target rows a key bitmap may hold per source key for them to be broadcast: in place of the semi join that
-finds the source rows matching none, and for the single pass to count its actions on."""
+finds the unmatched source rows, and for the single pass to count its actions on."""
 
 
 _TYPE_BYTES = {
@@ -65,7 +65,7 @@ def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Seq
     return rows * _row_bytes(ctx.source.schema) <= BROADCAST_SOURCE_BYTES
 
 
-def source_rows_matching_none(
+def unmatched_source_rows_by_semi_join(
     source: DataFrame,
     target: DataFrame,
     on: Column,
@@ -100,17 +100,17 @@ def unmatched_source_rows(
 ) -> DataFrame:
     """``source LEFT ANTI JOIN target`` over ``files``, for a source that fits a broadcast. With a bitmap that
     should hold about as few target rows as the source has keys, the held rows are the broadcast side
-    (source_rows_matching_no_held_key); else a semi join finds the matched ones (source_rows_matching_none),
+    (unmatched_source_rows_by_held_rows); else a semi join finds the matched ones (unmatched_source_rows_by_semi_join),
     through the bitmap when every target row's key would fit a broadcast. Either side stays bounded by that
     fit: a bitmap holds at most every target row."""
     spec = ctx.spec
     s, t = spec.source_alias, spec.target_alias
     target = ctx.target_df(files, file_columns=False)
     if bitmap is None or not _target_keys_fit_broadcast(delta.known_num_records(files)):
-        return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe)
+        return unmatched_source_rows_by_semi_join(source, target, ctx.resolved.on, s, t, probe=probe)
     if holds_few_target_rows(bitmap, files):
-        return source_rows_matching_no_held_key(source, target, bitmap, s, t)
-    return source_rows_matching_none(source, target, ctx.resolved.on, s, t, probe=probe, bitmap=bitmap)
+        return unmatched_source_rows_by_held_rows(source, target, bitmap, s, t)
+    return unmatched_source_rows_by_semi_join(source, target, ctx.resolved.on, s, t, probe=probe, bitmap=bitmap)
 
 
 def _target_keys_fit_broadcast(rows: int | None) -> bool:
@@ -128,7 +128,7 @@ def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[Any]) -> bool:
     )
 
 
-def source_rows_matching_no_held_key(
+def unmatched_source_rows_by_held_rows(
     source: DataFrame, target: DataFrame, bitmap: KeyBitmap, source_alias: str, target_alias: str
 ) -> DataFrame:
     """``source LEFT ANTI JOIN target`` through the source's key bitmap: a target row whose bit is clear
@@ -141,14 +141,16 @@ def source_rows_matching_no_held_key(
     )
 
 
-def source_rows_matching_no_key(source: DataFrame, matched: DataFrame, keyed: KeyedOn, source_alias: str) -> DataFrame:
+def unmatched_source_rows_by_matched_keys(
+    source: DataFrame, matched: DataFrame, keyed: KeyedOn, source_alias: str
+) -> DataFrame:
     """``source LEFT ANTI JOIN target`` from the keys findTouchedFiles saw matched: a source row matches
     some target row exactly when its key is among them and it passes ON's source-only conjuncts."""
     names = [f"_key_{i}_" for i in range(len(keyed.keys))]
-    condition = _key_condition(
+    condition = key_condition(
         keyed,
-        [_qualified(source_alias, k.source_column) for k in keyed.keys],
-        [_qualified(MATCHED_KEYS_ALIAS, n) for n in names],
+        [qualified_column(source_alias, k.source_column) for k in keyed.keys],
+        [qualified_column(MATCHED_KEYS_ALIAS, n) for n in names],
     )
     for predicate in keyed.source_only:
         condition = condition & F.expr(sql(predicate))
@@ -159,7 +161,7 @@ def broadcast_full_outer(
     ctx: MergeContext, source: DataFrame, target: DataFrame, unmatched: DataFrame, bitmap: KeyBitmap | None = None
 ) -> DataFrame:
     """``source FULL OUTER JOIN target`` as the target's broadcast left outer join with the source, united
-    with ``unmatched``: the source rows matching no target row, with the source's columns."""
+    with ``unmatched``: the unmatched source rows, with the source's columns."""
     spec = ctx.spec
     s = spec.source_alias
     on = ctx.resolved.on
@@ -168,7 +170,7 @@ def broadcast_full_outer(
     with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), on, "left_outer")
     padded = unmatched.select(
         *[F.lit(None).cast(f.dataType).alias(f.name) for f in target.schema.fields],
-        *[F.col(_qualified(s, f.name)) for f in source.schema.fields],
+        *[F.col(qualified_column(s, f.name)) for f in source.schema.fields],
     )
     # Union is by position and keeps the first side's columns, qualifiers included.
     return with_source.union(padded)

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from engine import delta
 from engine.context import MergeContext
 from engine.expressions import KeyedOn, quote_identifier, sql
-from engine.join_keys import _key_condition, _qualified, one_integer_key
+from engine.join_keys import key_condition, one_integer_key, qualified_column
 
 KEY_BITMAP_MIN_SOURCE_ROWS = 100_000
 """Sources of at least this many rows get a bitmap of their join keys: their broadcast hash table outgrows the
@@ -58,48 +58,50 @@ class KeyBitmap:
 
     def on(self, target_alias: str, source_alias: str) -> Column:
         """ON with the probe key in place of the target's key column."""
-        condition = _key_condition(
+        condition = key_condition(
             self.keyed,
-            [_qualified(target_alias, PROBE_KEY_COL)],
-            [_qualified(source_alias, self.keyed.keys[0].source_column)],
+            [qualified_column(target_alias, PROBE_KEY_COL)],
+            [qualified_column(source_alias, self.keyed.keys[0].source_column)],
         )
         for predicate in (*self.keyed.target_only, *self.keyed.source_only):
             condition = condition & F.expr(sql(predicate))
         return condition
 
-
-def key_bitmap_of(spark: SparkSession, source: DataFrame, keyed: KeyedOn, target_rows: int = 0) -> KeyBitmap:
-    """The bitmap of the source's non-NULL key values, built here from the keys Spark hands over as Arrow. It
-    has at least as many bits as the target has rows, so that the target keys sharing a bit with a source key
-    number at most about as many as the source's keys."""
-    key = keyed.keys[0]
-    keys = (
-        source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
-        .where(F.col("k").isNotNull())
-        .toArrow()
-        .column(0)
-        .to_numpy()
-    )
-    bits = 1 << 16
-    while bits < max(len(keys) * KEY_BITMAP_BITS_PER_KEY, target_rows) and bits < KEY_BITMAP_MAX_BITS:
-        bits <<= 1
-    positions = keys.astype(np.int64) & (bits - 1)
-    words = np.zeros(bits // 64, dtype=np.uint64)
-    np.bitwise_or.at(words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64)))
-    frame = spark.createDataFrame(pa.table({KEY_BITMAP_COL: pa.array([words.view(np.int64)], pa.list_(pa.int64()))}))
-    return KeyBitmap(frame, bits, keyed, len(keys), int(np.bitwise_count(words).sum()) / bits)
-
-
-def key_bitmap(ctx: MergeContext, source_rows: int | None, *, any_size: bool = False) -> KeyBitmap | None:
-    """The source's key bitmap (built once) when ON is one equality of integer columns (plus conjuncts over one
-    side) and the broadcast source is large, or of ``any_size`` (the single pass counts its actions on the
-    target rows the bitmap holds whatever the source's size); else None."""
-    if ctx.key_bitmap is not None:
+    @classmethod
+    def for_merge(cls, ctx: MergeContext, source_rows: int | None, *, any_size: bool = False) -> KeyBitmap | None:
+        """The source's key bitmap (built once) when ON is one equality of integer columns (plus conjuncts over one
+        side) and the broadcast source is large, or of ``any_size`` (the single pass counts its actions on the
+        target rows the bitmap holds whatever the source's size); else None."""
+        if ctx.key_bitmap is not None:
+            return ctx.key_bitmap
+        if source_rows is None or (source_rows < KEY_BITMAP_MIN_SOURCE_ROWS and not any_size):
+            return None
+        keyed = one_integer_key(ctx)
+        if keyed is None or keyed.keys[0].null_safe:
+            return None
+        ctx.key_bitmap = cls.build(ctx.spark, ctx.source, keyed, delta.known_num_records(ctx.candidate_files) or 0)
         return ctx.key_bitmap
-    if source_rows is None or (source_rows < KEY_BITMAP_MIN_SOURCE_ROWS and not any_size):
-        return None
-    keyed = one_integer_key(ctx)
-    if keyed is None or keyed.keys[0].null_safe:
-        return None
-    ctx.key_bitmap = key_bitmap_of(ctx.spark, ctx.source, keyed, delta.known_num_records(ctx.candidate_files) or 0)
-    return ctx.key_bitmap
+
+    @classmethod
+    def build(cls, spark: SparkSession, source: DataFrame, keyed: KeyedOn, target_rows: int = 0) -> KeyBitmap:
+        """The bitmap of the source's non-NULL key values, built here from the keys Spark hands over as Arrow. It
+        has at least as many bits as the target has rows, so that the target keys sharing a bit with a source key
+        number at most about as many as the source's keys."""
+        key = keyed.keys[0]
+        keys = (
+            source.select(F.col(quote_identifier(key.source_column)).cast("long").alias("k"))
+            .where(F.col("k").isNotNull())
+            .toArrow()
+            .column(0)
+            .to_numpy()
+        )
+        bits = 1 << 16
+        while bits < max(len(keys) * KEY_BITMAP_BITS_PER_KEY, target_rows) and bits < KEY_BITMAP_MAX_BITS:
+            bits <<= 1
+        positions = keys.astype(np.int64) & (bits - 1)
+        words = np.zeros(bits // 64, dtype=np.uint64)
+        np.bitwise_or.at(words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64)))
+        frame = spark.createDataFrame(
+            pa.table({KEY_BITMAP_COL: pa.array([words.view(np.int64)], pa.list_(pa.int64()))})
+        )
+        return cls(frame, bits, keyed, len(keys), int(np.bitwise_count(words).sum()) / bits)

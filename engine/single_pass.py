@@ -11,11 +11,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from engine import delta
-from engine.context import MergeContext, _source_with_count
+from engine.context import MergeContext, source_with_count
 from engine.expressions import KeyedOn, quote_identifier
-from engine.join_keys import _qualified, one_integer_key
+from engine.join_keys import one_integer_key, qualified_column
 from engine.joins import broadcast_full_outer, holds_few_target_rows, source_fits_broadcast, unmatched_source_rows
-from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap, key_bitmap
+from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
 from engine.output import (
     ACTION_COL,
     CDC_TYPE_COL,
@@ -62,7 +62,7 @@ TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOUR
 """The actions a row of the target takes: one each."""
 
 
-def _touches_every_match(spec: MergeSpec) -> bool:
+def touches_every_match(spec: MergeSpec) -> bool:
     """Whether every match touches its file: the write reads every matched row when the merge has more than
     MATCHED clauses, and a MATCHED clause without condition acts on every match."""
     return not spec.is_matched_only or any(c.condition is None for c in spec.matched)
@@ -79,7 +79,7 @@ def takes_single_pass(ctx: MergeContext) -> bool:
         return False
     if spec.not_matched_by_source:
         return True
-    if ctx.source_rows_estimate is None or not _touches_every_match(spec):
+    if ctx.source_rows_estimate is None or not touches_every_match(spec):
         return False
     keyed = one_integer_key(ctx)
     return keyed is not None and not keyed.target_only and expects_every_candidate_touched(ctx, keyed)
@@ -122,7 +122,7 @@ def write_in_one_pass(ctx: MergeContext) -> tuple[list[Any], list[Any]] | None:
     s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
     start = time.monotonic()
     obs_source = Observation("numSourceRows")
-    observed_source = _source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+    observed_source = source_with_count(ctx, obs_source).withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
     # NOT MATCHED BY SOURCE clauses touch every candidate: only a guess needs the touched files observed,
     # and only then is the file read with its rows (unused, ``_metadata`` would be read whole).
     guessed = not spec.not_matched_by_source
@@ -136,9 +136,9 @@ def write_in_one_pass(ctx: MergeContext) -> tuple[list[Any], list[Any]] | None:
         how = "right_outer" if spec.is_matched_only else "full_outer"
         joined = observed_source.alias(s).join(target.alias(t), on, how)
     elif spec.not_matched:
-        # The source is counted where the rows matching no target row stream past; an observation may
+        # The source is counted where the unmatched source rows stream past; an observation may
         # appear once in a plan.
-        bitmap = key_bitmap(ctx, ctx.source_rows_estimate, any_size=guessed)
+        bitmap = KeyBitmap.for_merge(ctx, ctx.source_rows_estimate, any_size=guessed)
         if bitmap is not None and guessed and holds_few_target_rows(bitmap, ctx.candidate_files):
             return write_in_one_pass_counting_pairs(ctx, observed_source, obs_source, target, bitmap, start)
         unmatched = unmatched_source_rows(ctx, observed_source, ctx.candidate_files, bitmap, probe=ctx.source)
@@ -148,13 +148,15 @@ def write_in_one_pass(ctx: MergeContext) -> tuple[list[Any], list[Any]] | None:
     else:
         # A matched-only merge writes no source row: its pairs would have to be counted in a Spark job of
         # their own, which measured no faster than observing the target's rows as they stream past.
-        bitmap = key_bitmap(ctx, ctx.source_rows_estimate)
+        bitmap = KeyBitmap.for_merge(ctx, ctx.source_rows_estimate)
         if bitmap is not None:
             target, on = bitmap.probe_keys(target), bitmap.on(t, s)
         joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
     target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
     matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-    probes = [F.when(matched, F.col(_qualified(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
+    probes = (
+        [F.when(matched, F.col(qualified_column(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
+    )
     probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)] if guessed else []
     added, cdc_files, obs = write_changes(
         ctx, joined, (), write_id=ctx.write_id, probes=probes, probe_metrics=probe_metrics
@@ -196,7 +198,7 @@ def write_in_one_pass_counting_pairs(
     the costliest part of the write after Parquet itself. The source rows meet the target rows the key
     bitmap holds instead (broadcast: their key, their file's hash and the columns the clauses' conditions
     read). Each matched pair takes the action its target row takes in the write, so the pairs count the
-    matched actions and the touched files, and the source rows matching none are the inserts. The copies
+    matched actions and the touched files, and the unmatched source rows are the inserts. The copies
     are the rows written (the files' footers) less the updates and inserts; the target rows the join gave
     are the copies, updates and deletes (change files are not counted). Needs no NOT MATCHED BY SOURCE
     clause: its actions fall on the uncounted rows."""
@@ -237,12 +239,12 @@ def write_in_one_pass_counting_pairs(
     # The source's own schema is known already: asking the observed frame would cost the server a round trip.
     source_names = [*(f.name for f in ctx.source.schema.fields), SOURCE_ROW_PRESENT_COL]
     acted = pairs.select(
-        *[F.col(_qualified(s, n)) for n in source_names],
+        *[F.col(qualified_column(s, n)) for n in source_names],
         # Only the action: the target's other columns stay out of the broadcast.
         output_cols(lookups)[len(ctx.output_names) + 1],
-        F.when(F.col(_qualified(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(_qualified(t, FILE_HASH_COL))).alias(
-            TOUCHED_FILE_COL
-        ),
+        F.when(
+            F.col(qualified_column(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(qualified_column(t, FILE_HASH_COL))
+        ).alias(TOUCHED_FILE_COL),
     )
     obs = Observation("writeAllChanges")
     codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]

@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from engine.delta.values import INTEGRAL_TYPES
+from engine.delta import INTEGRAL_TYPES
 from engine.expressions import Sides, conjuncts, equi_join_keys, parse_expression, quote_identifier
 from engine.source import rows_to_arrow
 from engine.spec import MergeSpec, RowsSource, TableSource
@@ -33,7 +33,7 @@ from engine.spec import MergeSpec, RowsSource, TableSource
 MAX_PARTITION_VALUES_FOR_SKIPPING = 200
 
 
-def _literal(value: Any) -> exp.Expression | None:
+def _bound_literal(value: Any) -> exp.Expression | None:
     """A SQL literal for a statistics bound; None for values data skipping cannot compare."""
     if isinstance(value, bool):
         return exp.Boolean(this=value)
@@ -151,7 +151,7 @@ class SourceKeyRanges:
             self.ranges[column.lower()] = (rng.low, rng.high)
             col = exp.column(column, quoted=True)
             has_nulls = rng.nulls > 0 and column.lower() in null_safe_columns
-            lo, hi = _literal(rng.low), _literal(rng.high)
+            lo, hi = _bound_literal(rng.low), _bound_literal(rng.high)
             if rng.low is None:
                 pred: exp.Expression = exp.Is(this=col, expression=exp.Null()) if has_nulls else exp.false()
             elif lo is None or hi is None:
@@ -159,7 +159,7 @@ class SourceKeyRanges:
             else:
                 pred = exp.Between(this=col, low=lo, high=hi)
                 if rng.values is not None and len(rng.values) <= MAX_PARTITION_VALUES_FOR_SKIPPING:
-                    literals = [_literal(v) for v in rng.values if v is not None]
+                    literals = [_bound_literal(v) for v in rng.values if v is not None]
                     if literals and all(lit is not None for lit in literals):
                         pred = exp.In(this=col.copy(), expressions=literals)
                 if has_nulls:

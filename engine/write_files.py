@@ -127,8 +127,7 @@ def record_write_metrics(
     m = ctx.metrics
     m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)
     m["numTargetRowsNotMatchedBySourceUpdated"] = counts.get(NOT_MATCHED_BY_SOURCE_UPDATE, 0)
-    overcount = m.pop("_multipleMatchDeleteOnlyOvercount", 0)
-    m["numTargetRowsMatchedDeleted"] = counts.get(MATCHED_DELETE, 0) - overcount
+    m["numTargetRowsMatchedDeleted"] = counts.get(MATCHED_DELETE, 0) - ctx.multiple_match_delete_overcount
     m["numTargetRowsNotMatchedBySourceDeleted"] = counts.get(NOT_MATCHED_BY_SOURCE_DELETE, 0)
     m["numTargetRowsInserted"] = counts.get(INSERT, 0)
     m["numTargetRowsCopied"] = counts.get(COPY, 0)

@@ -29,7 +29,7 @@ from engine import (
     run_merge,
     single_pass,
 )
-from engine import key_bitmap as key_bitmaps
+from engine.key_bitmap import KeyBitmap
 
 COUNTS = ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")
 
@@ -174,12 +174,11 @@ def join_plan(*, broadcast: bool, key_bitmap: KeyBitmapPlan | None = None) -> Ab
     otherwise counts its actions on the held rows whatever the source's size."""
     stack = ExitStack()
     if key_bitmap is None:
-        for module in (executors, single_pass):
-            stack.enter_context(patch.object(module, "key_bitmap", lambda *args, **kwargs: None))
+        stack.enter_context(patch.object(KeyBitmap, "for_merge", lambda *args, **kwargs: None))
     if broadcast:
         stack.enter_context(patch.object(joins, "BROADCAST_SIZE_RATIO", 0))
         if key_bitmap is not None:
-            stack.enter_context(patch.object(key_bitmaps, "KEY_BITMAP_MIN_SOURCE_ROWS", 0))
+            stack.enter_context(patch("engine.key_bitmap.KEY_BITMAP_MIN_SOURCE_ROWS", 0))
             if key_bitmap == "semi":
                 stack.enter_context(patch.object(joins, "HELD_TARGET_ROWS_PER_KEY", -1))
     else:

@@ -13,8 +13,8 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from engine import COMMIT_METRICS, joins, run_merge, single_pass
-from engine import key_bitmap as key_bitmaps
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
+from engine.key_bitmap import KeyBitmap
 from tests.engine.harness import (
     COUNTS,
     FindPlan,
@@ -284,12 +284,12 @@ def test_key_bitmap_answers_as_the_plain_probe(
         if plan == "insert_only"
         else [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
     )
-    built: list[key_bitmaps.KeyBitmap] = []
+    built: list[KeyBitmap] = []
     routes: list[str] = []
-    real_bitmap, real_held = key_bitmaps.key_bitmap_of, joins.source_rows_matching_no_held_key
+    real_bitmap, real_held = KeyBitmap.build, joins.unmatched_source_rows_by_held_rows
     real_pairs = single_pass.write_in_one_pass_counting_pairs
 
-    def spy_bitmap(*args: Any, **kwargs: Any) -> key_bitmaps.KeyBitmap:
+    def spy_bitmap(*args: Any, **kwargs: Any) -> KeyBitmap:
         built.append(real_bitmap(*args, **kwargs))
         return built[-1]
 
@@ -304,15 +304,15 @@ def test_key_bitmap_answers_as_the_plain_probe(
     with (
         find_plan("source_keys" if plan == "insert_only" else plan),
         join_plan(broadcast=True, key_bitmap=unmatched),
-        patch.object(key_bitmaps, "key_bitmap_of", spy_bitmap),
-        patch.object(joins, "source_rows_matching_no_held_key", spy_held),
+        patch.object(KeyBitmap, "build", spy_bitmap),
+        patch.object(joins, "unmatched_source_rows_by_held_rows", spy_held),
         patch.object(single_pass, "write_in_one_pass_counting_pairs", spy_pairs),
     ):
         result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
     assert [b.bits for b in built] == [bits]
     assert built[0].keys == 6 and built[0].held_fraction == 6 / bits
     # findTouchedFiles by source keys keeps the matched keys, and the single pass cannot take a target-only
-    # conjunct: neither asks the target for the source rows matching none. The single pass meets the held
+    # conjunct: neither asks the target for the unmatched source rows. The single pass meets the held
     # target rows with the source rows to count its actions; an insert-only merge anti-joins them.
     pairs_taken = plan == "single_pass" and "t.v" not in on
     held = {"insert_only": ["held"], "single_pass": ["pairs"] if pairs_taken else []}.get(plan, [])
