@@ -8,8 +8,8 @@ import datetime as dt
 import json
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -20,6 +20,7 @@ from sqlglot import exp
 
 from engine import delta
 from engine.context import MergeContext
+from engine.delta import AddCDCFile, AddFile, Snapshot
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
@@ -37,12 +38,12 @@ from engine.expressions import (
     target_only_predicates,
     validate_spec,
 )
-from engine.resolution import Resolver
+from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
 from engine.source_keys import SourceKeyRanges
 from engine.spark_errors import translate_spark_error
-from engine.spec import DeleteAction, MergeSpec, RowsSource, TableSource, UpdateAction
+from engine.spec import DeleteAction, MergeClause, MergeSpec, RowsSource, TableSource, UpdateAction
 
 MAX_CONFLICT_RETRIES = 3
 ENGINE_INFO = "merge-service/0.1.0"
@@ -90,7 +91,7 @@ class MergeIntoCommand:
         self._views: list[str] = []
         self._committed = False
         self._outcome_unknown = False
-        self._source_snap: Any = None
+        self._source_snap: Snapshot | None = None
         self._ctx: MergeContext | None = None
         self._source_keys = SourceKeyRanges(spec, self._source_snapshot)
 
@@ -141,7 +142,7 @@ class MergeIntoCommand:
             self.metrics["materializeSourceTimeMs"] = int((time.monotonic() - start) * 1000)
         return source
 
-    def _run(self, snapshot: Any, start: float) -> MergeResult:
+    def _run(self, snapshot: Snapshot, start: float) -> MergeResult:
         spec = self.spec
         source = self._prepare_source()
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
@@ -149,22 +150,14 @@ class MergeIntoCommand:
 
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))
-        all_files = list(snapshot.files)
         sides = Sides(
             spec.target_alias,
             spec.source_alias,
             frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
             frozenset(f.name.lower() for f in source.schema.fields),
         )
-        predicate = self._skipping_predicate(snapshot, source, sides, all_files)
-        candidates = delta.prune_files(snapshot, all_files, predicate) if predicate is not None else all_files
+        predicate, candidates = self._skip_files(snapshot, source, sides)
         m = self.metrics
-        m["numTargetFilesBeforeSkipping"] = len(all_files)
-        m["numTargetBytesBeforeSkipping"] = sum(f.size for f in all_files)
-        m["numTargetFilesAfterSkipping"] = len(candidates)
-        m["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
-        m["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
-
         key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
         ctx = MergeContext(
             self.spark,
@@ -181,8 +174,36 @@ class MergeIntoCommand:
             source_key_ranges=dict(self._source_keys.ranges),
         )
         self._ctx = ctx
-        removed: list[Any] = []
-        cdc_files: list[Any] = []
+        added, cdc_files, removed = self._write(ctx)
+        self._finish_metrics(snapshot, added, removed)
+        changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
+        version = None
+        # As Delta does, the time is taken before the commit: the commit records it in operationMetrics.
+        m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
+        if changed and not self.dry_run:
+            version = self._commit(snapshot, resolved, predicate, candidates, [*added, *cdc_files], removed)
+        return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
+
+    def _skip_files(
+        self, snapshot: Snapshot, source: DataFrame, sides: Sides
+    ) -> tuple[exp.Expression | None, list[AddFile]]:
+        """Data skipping: the predicate the commit records as read, and the candidate files it leaves."""
+        all_files = list(snapshot.files)
+        predicate = self._skipping_predicate(snapshot, source, sides, all_files)
+        candidates = delta.prune_files(snapshot, all_files, predicate) if predicate is not None else all_files
+        m = self.metrics
+        m["numTargetFilesBeforeSkipping"] = len(all_files)
+        m["numTargetBytesBeforeSkipping"] = sum(f.size for f in all_files)
+        m["numTargetFilesAfterSkipping"] = len(candidates)
+        m["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
+        m["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
+        return predicate, candidates
+
+    def _write(self, ctx: MergeContext) -> tuple[list[AddFile], list[AddCDCFile], list[AddFile]]:
+        """The executors' work: the data files and change files added, and the files removed."""
+        spec = self.spec
+        removed: list[AddFile] = []
+        cdc_files: list[AddCDCFile] = []
         if spec.is_insert_only:
             self.on_progress("writing")
             added = InsertOnlyMergeExecutor(ctx).write_only_inserts()
@@ -202,16 +223,9 @@ class MergeIntoCommand:
                 )
             else:
                 added = []
-        self._finish_metrics(snapshot, added, removed)
-        changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
-        version = None
-        # As Delta does, the time is taken before the commit: the commit records it in operationMetrics.
-        m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
-        if changed and not self.dry_run:
-            version = self._commit(snapshot, resolved, predicate, candidates, [*added, *cdc_files], removed)
-        return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
+        return added, cdc_files, removed
 
-    def _finish_metrics(self, snapshot: Any, added: list[Any], removed: list[Any]) -> None:
+    def _finish_metrics(self, snapshot: Snapshot, added: list[AddFile], removed: list[AddFile]) -> None:
         m = self.metrics
         m["numTargetRowsUpdated"] = m["numTargetRowsMatchedUpdated"] + m["numTargetRowsNotMatchedBySourceUpdated"]
         m["numTargetRowsDeleted"] = m["numTargetRowsMatchedDeleted"] + m["numTargetRowsNotMatchedBySourceDeleted"]
@@ -226,7 +240,7 @@ class MergeIntoCommand:
     # --- data skipping -----------------------------------------------------------------------------------------
 
     def _skipping_predicate(
-        self, snapshot: Any, source: DataFrame, sides: Sides, files: list[Any]
+        self, snapshot: Snapshot, source: DataFrame, sides: Sides, files: list[AddFile]
     ) -> exp.Expression | None:
         """Delta's getTargetOnlyPredicates (ON, and for matched-only merges the clause conditions), plus, beyond
         Delta on Spark, the source's join-key range and partition values. None with NOT MATCHED BY SOURCE
@@ -236,27 +250,35 @@ class MergeIntoCommand:
             return None
         predicates = target_only_predicates(spec.on, sides)
         if spec.is_matched_only:
-            per_clause = []
-            for clause in spec.matched:
-                if clause.condition is None:
-                    per_clause = []
-                    break
-                parts = [
-                    strip_qualifiers(c)
-                    for c in conjuncts(parse_expression(clause.condition, "condition"))
-                    if sides.sides_of(c) == {"target"}
-                ]
-                if not parts:
-                    per_clause = []
-                    break
-                per_clause.append(and_all(parts))
-            if per_clause:
-                predicates.append(exp.or_(*per_clause) if len(per_clause) > 1 else per_clause[0])
+            matched = self._matched_conditions_predicate(sides)
+            if matched is not None:
+                predicates.append(matched)
         if len(files) > 1:
             predicates.extend(self._source_keys.source_key_predicates(snapshot, source, sides))
         return and_all(predicates)
 
-    def _source_snapshot(self) -> Any:
+    def _matched_conditions_predicate(self, sides: Sides) -> exp.Expression | None:
+        """For a matched-only merge, the OR of each MATCHED clause's target-only conjuncts; None when a clause
+        has none (it may act on any matched row)."""
+        per_clause: list[exp.Expression] = []
+        for clause in self.spec.matched:
+            if clause.condition is None:
+                return None
+            parts = and_all(
+                strip_qualifiers(c)
+                for c in conjuncts(parse_expression(clause.condition, "condition"))
+                if sides.sides_of(c) == {"target"}
+            )
+            if parts is None:
+                return None
+            per_clause.append(parts)
+        if not per_clause:
+            return None
+        if len(per_clause) == 1:
+            return per_clause[0]
+        return cast(exp.Expression, exp.or_(*per_clause))  # an exp.Or; sqlglot's hints say Condition
+
+    def _source_snapshot(self) -> Snapshot:
         if self._source_snap is None:
             assert isinstance(self.spec.source, TableSource)
             self._source_snap = delta.load_snapshot(self.spec.source.path)
@@ -276,12 +298,12 @@ class MergeIntoCommand:
 
     def _commit(
         self,
-        snapshot: Any,
-        resolved: Any,
+        snapshot: Snapshot,
+        resolved: ResolvedMerge,
         predicate: exp.Expression | None,
-        candidates: list[Any],
-        added: list[Any],
-        removed: list[Any],
+        candidates: list[AddFile],
+        added: Sequence[AddFile | AddCDCFile],
+        removed: list[AddFile],
     ) -> int:
         transaction = delta.Transaction(snapshot, engine_info=ENGINE_INFO)
         transaction.record_read(candidates, sql(predicate) if predicate is not None else None)
@@ -312,7 +334,7 @@ class MergeIntoCommand:
     def _operation_parameters(self) -> dict[str, str]:
         """DeltaOperations.Merge's parameters, in Delta's JSON shapes."""
 
-        def predicates(clauses: Any) -> str:
+        def predicates(clauses: Sequence[MergeClause]) -> str:
             out = []
             for c in clauses:
                 item = {"actionType": c.action_name}
@@ -341,13 +363,13 @@ def _result_row(m: dict[str, int]) -> dict[str, int]:
     }
 
 
-def _partitions(snapshot: Any, files: list[Any]) -> int:
+def _partitions(snapshot: Snapshot, files: Sequence[AddFile]) -> int:
     if not snapshot.partition_columns:
         return 0
     return len({tuple(sorted(f.partition_values.items(), key=lambda kv: kv[0])) for f in files})
 
 
-def _already_applied(snapshot: Any, txn: AppTransaction) -> MergeResult:
+def _already_applied(snapshot: Snapshot, txn: AppTransaction) -> MergeResult:
     """The result of a merge an earlier attempt committed, read back from that commit's operationMetrics."""
     version = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
     # The commit records the first 22 metrics; the ones Delta shows only in its UI are not recorded.

@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine import delta
+from engine.delta import AddFile, Snapshot
 from engine.expressions import KeyedOn
 from engine.resolution import ResolvedMerge
 from engine.spark import Observation
@@ -26,10 +27,10 @@ class MergeContext:
 
     spark: SparkSession
     spec: MergeSpec
-    snapshot: Any  # engine.delta.Snapshot
+    snapshot: Snapshot
     resolved: ResolvedMerge
     source: DataFrame
-    candidate_files: Sequence[Any]
+    candidate_files: Sequence[AddFile]
     """Live files left after data skipping."""
     write_id: str
     """The folder of the merge's data files, under the table root."""
@@ -42,7 +43,7 @@ class MergeContext:
     again, that Delta subtracts from numTargetRowsMatchedDeleted."""
     key_exprs: Sequence[str] = ()
     """Source-side expressions of the ON equalities, to name colliding keys in the multiple-match error."""
-    touched_files: list[Any] = field(default_factory=list)
+    touched_files: list[AddFile] = field(default_factory=list)
     source_rows_estimate: int | None = None
     """Source rows known before any Spark job (inline rows, a Delta source's statistics); None if unknown."""
     matched_source_keys: tuple[DataFrame, KeyedOn] | None = None
@@ -58,7 +59,7 @@ class MergeContext:
     def output_names(self) -> list[str]:
         return [f.name for f in self.resolved.output_fields]
 
-    def target_df(self, files: Sequence[Any], *, file_columns: bool = True) -> DataFrame:
+    def target_df(self, files: Sequence[AddFile], *, file_columns: bool = True) -> DataFrame:
         return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
 
     def release(self) -> None:
@@ -69,4 +70,10 @@ class MergeContext:
 
 
 def source_with_count(ctx: MergeContext, obs: Observation) -> DataFrame:
-    return ctx.source.observe(obs, F.count(F.lit(1)).alias("numSourceRows"))
+    return observe(ctx.source, obs, F.count(F.lit(1)).alias("numSourceRows"))
+
+
+def observe(df: DataFrame, observation: Observation, *metrics: Column) -> DataFrame:
+    """``df.observe(observation, *metrics)``: pyspark's type hints name only the classic Observation, while a
+    Spark Connect DataFrame takes Connect's."""
+    return df.observe(observation, *metrics)  # type: ignore[arg-type]

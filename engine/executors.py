@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
 from engine import delta, single_pass
-from engine.context import MergeContext, source_with_count
+from engine.context import MergeContext, observe, source_with_count
+from engine.delta import AddFile
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import KeyedOn, quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column
@@ -52,6 +53,7 @@ from engine.single_pass import touches_every_match
 from engine.spark import Observation
 from engine.spec import DeleteAction, MergeSpec
 from engine.write_files import (
+    WrittenFiles,
     observed_counts,
     output_schema,
     record_write_metrics,
@@ -72,7 +74,8 @@ SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
     """Touched files and multiple-match counts, observed as ``rows`` stream past in one Spark job."""
     obs = Observation("findTouchedFiles")
-    rows.observe(
+    observe(
+        rows,
         obs,
         F.collect_set(F.when(touched, F.col(delta.FILE_NAME_COL))).alias("touched"),
         F.count_if(matches > 1).alias("multiple_match_rows"),
@@ -93,7 +96,7 @@ class ClassicMergeExecutor:
     def __init__(self, ctx: MergeContext) -> None:
         self.ctx = ctx
 
-    def find_touched_files(self) -> list[Any]:
+    def find_touched_files(self) -> list[AddFile]:
         """Files with a match that some clause may act on; fails on ambiguous multiple matches."""
         ctx = self.ctx
         spec = ctx.spec
@@ -179,7 +182,7 @@ class ClassicMergeExecutor:
             ctx.matched_source_keys = (matched, keyed)
         return _observe_touched(matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL))
 
-    def _grouped_by_key(self, source: DataFrame, keyed: KeyedOn) -> Any:
+    def _grouped_by_key(self, source: DataFrame, keyed: KeyedOn) -> GroupedData:
         """The source rows some target row may match (those failing a source-only conjunct of ON or holding a
         NULL ``=`` key left out), grouped by their join keys."""
         ctx = self.ctx
@@ -255,7 +258,7 @@ class ClassicMergeExecutor:
 
     def find_touched_files_or_write(
         self, on_progress: Callable[[Phase], None]
-    ) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
+    ) -> tuple[list[AddFile], WrittenFiles | None]:
         """findTouchedFiles, folded into the write by the single pass where it is taken: the touched files, and
         the added data and change files when the single pass kept its write (else None: writeAllChanges is
         still to run)."""
@@ -276,7 +279,7 @@ class ClassicMergeExecutor:
             on_progress("writing")
         return touched, written
 
-    def write_all_changes(self) -> tuple[list[Any], list[Any]]:
+    def write_all_changes(self) -> WrittenFiles:
         """Rewrite the touched files joined with the source; answers the added data and change files."""
         ctx = self.ctx
         spec = ctx.spec
@@ -294,7 +297,7 @@ class ClassicMergeExecutor:
         # numSourceRowsInSecondScan: every source row the write reads, matched or not (Delta counts them on
         # the join's source side).
         second_scan = Observation("secondScan")
-        counted = source.observe(second_scan, F.count(F.lit(1)).alias("rows"))
+        counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
         joined = self._join_for_write(source, counted, target)
         added, cdc_files, observed = write_changes(ctx, joined, dedup_columns, write_id=ctx.write_id)
         record_write_metrics(ctx, observed_counts(observed), cdc_files, int(second_scan.get.get("rows", 0) or 0))
@@ -308,13 +311,13 @@ class InsertOnlyMergeExecutor:
 
     def write_only_inserts(
         self, *, filter_matched_rows: bool = True, source_rows_metric: str = "numSourceRows"
-    ) -> list[Any]:
+    ) -> list[AddFile]:
         """``filter_matched_rows`` is off when findTouchedFiles already showed that no source row matches."""
         ctx = self.ctx
         spec = ctx.spec
         start = time.monotonic()
         obs_source = Observation(source_rows_metric)
-        source = ctx.source.observe(obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
+        source = observe(ctx.source, obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
         if ctx.candidate_files and filter_matched_rows:
             target = ctx.target_df(ctx.candidate_files, file_columns=False)
             if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
@@ -335,7 +338,7 @@ class InsertOnlyMergeExecutor:
         )
         obs = Observation("writeOnlyInserts")
         projected = repartition_for_write(ctx, new_rows.select(*output_cols))
-        projected = projected.observe(obs, *action_counts([INSERT, DROP_SOURCE]))
+        projected = observe(projected, obs, *action_counts([INSERT, DROP_SOURCE]))
         output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
         added = delta.write_data_files(
             ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx)

@@ -5,7 +5,6 @@ source rows matching no target row) are found without shuffling the target."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -15,6 +14,7 @@ from pyspark.sql.types import (
 
 from engine import delta
 from engine.context import MergeContext
+from engine.delta import AddFile
 from engine.expressions import KeyedOn, sql
 from engine.join_keys import key_condition, qualified_column
 from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
@@ -53,7 +53,7 @@ def _row_bytes(schema: StructType) -> int:
     return 8 + sum(_TYPE_BYTES.get(f.dataType.typeName(), _OTHER_TYPE_BYTES) for f in schema.fields)
 
 
-def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Sequence[Any]) -> bool:
+def source_fits_broadcast(ctx: MergeContext, rows: int | None, target_files: Sequence[AddFile]) -> bool:
     """Whether the source is worth sending whole to every task so the target's rows stream past it instead
     of being shuffled: it must be small, and much smaller than the target rows it meets (else shuffling both
     costs less than building and shipping the broadcast)."""
@@ -93,7 +93,7 @@ def unmatched_source_rows_by_semi_join(
 def unmatched_source_rows(
     ctx: MergeContext,
     source: DataFrame,
-    files: Sequence[Any],
+    files: Sequence[AddFile],
     bitmap: KeyBitmap | None,
     *,
     probe: DataFrame | None = None,
@@ -117,7 +117,7 @@ def _target_keys_fit_broadcast(rows: int | None) -> bool:
     return rows is not None and rows * _TYPE_BYTES["long"] <= BROADCAST_SOURCE_BYTES
 
 
-def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[Any]) -> bool:
+def holds_few_target_rows(bitmap: KeyBitmap, files: Sequence[AddFile]) -> bool:
     """Whether the target rows of ``files`` that the bitmap holds may be broadcast: about as few as the source
     has keys, and bounded even were every row held."""
     rows = delta.known_num_records(files)

@@ -49,7 +49,9 @@ class KeyBitmap:
         column = F.col(quote_identifier(self.keyed.keys[0].target_column))
         position = column.cast("long").bitwiseAND(F.lit(self.bits - 1))
         word = F.element_at(F.col(KEY_BITMAP_COL), F.shiftright(position, 6).cast("int") + 1)
-        held = F.shiftright(word, position.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1)) == 1
+        # Spark shifts by a column too; pyspark's hints name only an int.
+        shift = position.bitwiseAND(F.lit(63)).cast("int")
+        held = F.shiftright(word, shift).bitwiseAND(F.lit(1)) == 1  # type: ignore[arg-type]
         return (
             target.crossJoin(F.broadcast(self.frame))
             .withColumn(PROBE_KEY_COL, F.when(held, column))

@@ -5,13 +5,12 @@ target row are observed; the write is kept only if the guess held."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from engine import delta
-from engine.context import MergeContext, source_with_count
+from engine.context import MergeContext, observe, source_with_count
 from engine.expressions import KeyedOn, quote_identifier
 from engine.join_keys import one_integer_key, qualified_column
 from engine.joins import broadcast_full_outer, holds_few_target_rows, source_fits_broadcast, unmatched_source_rows
@@ -39,6 +38,7 @@ from engine.output import (
 from engine.spark import Observation
 from engine.spec import MergeSpec
 from engine.write_files import (
+    WrittenFiles,
     observed_counts,
     record_write_metrics,
     repartition_for_write,
@@ -111,7 +111,7 @@ def expects_every_candidate_touched(ctx: MergeContext, keyed: KeyedOn) -> bool:
     return True
 
 
-def write_in_one_pass(ctx: MergeContext) -> tuple[list[Any], list[Any]] | None:
+def write_in_one_pass(ctx: MergeContext) -> WrittenFiles | None:
     """findTouchedFiles folded into writeAllChanges: every candidate file is rewritten, joined with the
     source as writeAllChanges joins it, while the touched files are observed. A target row matched more
     than once comes out of the join more than once, so the multiple-match check is the join's target rows
@@ -192,7 +192,7 @@ def write_in_one_pass_counting_pairs(
     target: DataFrame,
     bitmap: KeyBitmap,
     start: float,
-) -> tuple[list[Any], list[Any]] | None:
+) -> WrittenFiles | None:
     """The single pass with nothing counted where the target's rows stream past the broadcast source: an
     observation there breaks the write's generated code in two and updates its aggregates on every row,
     the costliest part of the write after Parquet itself. The source rows meet the target rows the key
@@ -248,7 +248,7 @@ def write_in_one_pass_counting_pairs(
     )
     obs = Observation("writeAllChanges")
     codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]
-    counted = acted.observe(obs, *action_counts(codes), F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
+    counted = observe(acted, obs, *action_counts(codes), F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
     unmatched = (
         counted.where(F.col(ACTION_COL) == action(INSERT)).select(*[quote_identifier(n) for n in source_names]).alias(s)
     )
@@ -265,7 +265,8 @@ def write_in_one_pass_counting_pairs(
     added, cdc_files = write_output(ctx, rows, preimages, (), write_id=ctx.write_id)
     counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
     source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
-    written = sum(a.stats.num_records for a in added)
+    written = delta.known_num_records(added)
+    assert written is not None, "the files a merge writes carry their footers' row counts"
     counts[COPY] = written - counts[MATCHED_UPDATE] - counts[INSERT]
     target_rows_out = written - counts[INSERT] + counts[MATCHED_DELETE]
     touched = len(obs.get.get(TOUCHED_FILE_COL) or [])

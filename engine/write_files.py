@@ -4,7 +4,6 @@ actions' counts observed as the rows stream past, and Delta's write metrics reco
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -13,7 +12,8 @@ from pyspark.sql.types import (
 )
 
 from engine import delta
-from engine.context import MergeContext
+from engine.context import MergeContext, observe
+from engine.delta import AddCDCFile, AddFile
 from engine.errors import MergeExecutionError
 from engine.expressions import quote_identifier
 from engine.output import (
@@ -35,6 +35,9 @@ from engine.output import (
 )
 from engine.spark import Observation
 
+WrittenFiles = tuple[list[AddFile], list[AddCDCFile]]
+"""The data files and the change files a write added."""
+
 
 def write_changes(
     ctx: MergeContext,
@@ -44,7 +47,7 @@ def write_changes(
     write_id: str,
     probes: Sequence[Column] = (),
     probe_metrics: Sequence[Column] = (),
-) -> tuple[list[Any], list[Any], Observation]:
+) -> tuple[list[AddFile], list[AddCDCFile], Observation]:
     """MergeOutputGeneration over the joined rows, written; ``probes`` are columns computed on the joined
     rows only for ``probe_metrics`` to observe."""
     spec = ctx.spec
@@ -87,7 +90,8 @@ def write_changes(
         ]
     if ctx.resolved.not_matched:
         codes.append(INSERT)
-    observed = projected.observe(
+    observed = observe(
+        projected,
         obs,
         *action_counts(codes),
         *probe_metrics,
@@ -98,7 +102,7 @@ def write_changes(
 
 def write_output(
     ctx: MergeContext, rows: DataFrame, preimages: Sequence[str], dedup_columns: Sequence[str], *, write_id: str
-) -> tuple[list[Any], list[Any]]:
+) -> WrittenFiles:
     """The output rows written, less the dropped ones; with Change Data Feed, with their change rows."""
     if not ctx.cdc_enabled:
         output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
@@ -122,7 +126,7 @@ def write_output(
 
 
 def record_write_metrics(
-    ctx: MergeContext, counts: dict[str, int], cdc_files: list[Any], second_scan_rows: int
+    ctx: MergeContext, counts: dict[str, int], cdc_files: list[AddCDCFile], second_scan_rows: int
 ) -> None:
     m = ctx.metrics
     m["numTargetRowsMatchedUpdated"] = counts.get(MATCHED_UPDATE, 0)

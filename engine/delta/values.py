@@ -218,10 +218,10 @@ def normalize_stat_value(value: Any, dtype: T.DataType) -> Any:
             number = Decimal(value) if not isinstance(value, int) else value
             return int(number) if number == int(number) else None
         if isinstance(dtype, FLOAT_TYPES):
-            number = float(value)
-            if math.isnan(number):
+            floating = float(value)
+            if math.isnan(floating):
                 return None
-            return round_float32(number) if isinstance(dtype, T.FloatType) else number
+            return round_float32(floating) if isinstance(dtype, T.FloatType) else floating
         if isinstance(dtype, T.DecimalType):
             if isinstance(value, float):
                 return Decimal(repr(value))
