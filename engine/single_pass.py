@@ -5,6 +5,7 @@ target row are observed; the write is kept only if the guess held."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -152,23 +153,37 @@ def write_in_one_pass(ctx: MergeContext) -> WrittenFiles | None:
         if bitmap is not None:
             target, on = bitmap.probe_keys(target), bitmap.on(t, s)
         joined = target.alias(t).join(F.broadcast(observed_source.alias(s)), on, "left_outer")
-    target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
-    matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
-    probes = (
-        [F.when(matched, F.col(qualified_column(t, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)] if guessed else []
-    )
-    probe_metrics = [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)] if guessed else []
+    probes, probe_metrics = _touched_file_probes(t) if guessed else ([], [])
     added, cdc_files, obs = write_changes(
         ctx, joined, (), write_id=ctx.write_id, probes=probes, probe_metrics=probe_metrics
     )
     counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
     source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
+    if not _keeps_write(ctx, counts, obs, guessed=guessed, start=start):
+        return None
+    # The write read the source once, every row of it: the second scan and the first are one.
+    record_write_metrics(ctx, counts, cdc_files, source_rows)
+    ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+    return added, cdc_files
+
+
+def _touched_file_probes(target_alias: str) -> tuple[list[Column], list[Column]]:
+    """The file path of each matched target row, and the set of them observed: the touched files."""
+    target_present = F.col(TARGET_ROW_PRESENT_COL).isNotNull()
+    matched = target_present & F.col(SOURCE_ROW_PRESENT_COL).isNotNull()
+    probe = F.when(matched, F.col(qualified_column(target_alias, delta.FILE_PATH_COL))).alias(TOUCHED_FILE_COL)
+    return [probe], [F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL)]
+
+
+def _keeps_write(ctx: MergeContext, counts: dict[str, int], obs: Observation, *, guessed: bool, start: float) -> bool:
+    """Whether the single pass's write stands: no target row matched twice and every candidate touched. Else
+    the write is discarded, with ``touched_files`` set when they are known (no multiple match)."""
     # Every target row the join gave takes one target-side action. The statistics' row count (required by
     # takes_single_pass) spares observing the scan, which would stop whole-stage code generation there.
     target_rows_out = sum(counts.get(c, 0) for c in TARGET_SIDE_ACTIONS)
     if target_rows_out != delta.known_num_records(ctx.candidate_files):
         delta.discard_write(ctx.snapshot, ctx.write_id)
-        return None
+        return False
     if guessed:
         ctx.touched_files = delta.files_at_paths(ctx.snapshot, ctx.candidate_files, obs.get.get(TOUCHED_FILE_COL) or [])
     else:
@@ -178,11 +193,8 @@ def write_in_one_pass(ctx: MergeContext) -> WrittenFiles | None:
         delta.discard_write(ctx.snapshot, ctx.write_id)
         # The pass did findTouchedFiles' work, and that is all that is kept of it.
         ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
-        return None
-    # The write read the source once, every row of it: the second scan and the first are one.
-    record_write_metrics(ctx, counts, cdc_files, source_rows)
-    ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-    return added, cdc_files
+        return False
+    return True
 
 
 def write_in_one_pass_counting_pairs(
@@ -202,14 +214,9 @@ def write_in_one_pass_counting_pairs(
     are the rows written (the files' footers) less the updates and inserts; the target rows the join gave
     are the copies, updates and deletes (change files are not counted). Needs no NOT MATCHED BY SOURCE
     clause: its actions fall on the uncounted rows."""
-    spec = ctx.spec
     resolved = ctx.resolved
-    s, t = spec.source_alias, spec.target_alias
-    on = bitmap.on(t, s)
-    clauses = [*resolved.matched, *resolved.not_matched]
     existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
-    tcols = target_write_cols(resolved.output_fields, t, existing, resolved.target_values)
-
+    tcols = target_write_cols(resolved.output_fields, ctx.spec.target_alias, existing, resolved.target_values)
     cdc = ctx.cdc_enabled
     preimages = preimage_names(len(tcols)) if cdc else []
 
@@ -218,50 +225,14 @@ def write_in_one_pass_counting_pairs(
             tcols, ctx.output_names, resolved.matched, resolved.not_matched, (), lookups, cdc=cdc
         )
 
-    source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
-    # The rewrite reads no file column: left unused, ``_metadata`` would be read whole, row index and all.
-    rewrite = bitmap.probe_keys(
-        ctx.target_df(ctx.candidate_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
-    )
-    rewritten, lookups = generate_precomputed_conditions_and_df(
-        rewrite.alias(t).join(F.broadcast(source.alias(s)), on, "left_outer"), clauses
-    )
-    rewritten = rewritten.select(*output_cols(lookups), *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)])
-
-    held = (
-        bitmap.probe_keys(target)
-        .where(F.col(PROBE_KEY_COL).isNotNull())
-        .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL)))
-    )
-    pairs, lookups = generate_precomputed_conditions_and_df(
-        observed_source.alias(s).join(F.broadcast(held.alias(t)), on, "left_outer"), clauses
-    )
+    rewritten = _rewritten_through_bitmap(ctx, bitmap, output_cols, tcols, preimages)
     # The source's own schema is known already: asking the observed frame would cost the server a round trip.
     source_names = [*(f.name for f in ctx.source.schema.fields), SOURCE_ROW_PRESENT_COL]
-    acted = pairs.select(
-        *[F.col(qualified_column(s, n)) for n in source_names],
-        # Only the action: the target's other columns stay out of the broadcast.
-        output_cols(lookups)[len(ctx.output_names) + 1],
-        F.when(
-            F.col(qualified_column(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(qualified_column(t, FILE_HASH_COL))
-        ).alias(TOUCHED_FILE_COL),
-    )
+    acted = _acted_pairs(ctx, observed_source, target, bitmap, output_cols, source_names)
     obs = Observation("writeAllChanges")
     codes = [MATCHED_UPDATE, MATCHED_DELETE, INSERT]
     counted = observe(acted, obs, *action_counts(codes), F.collect_set(TOUCHED_FILE_COL).alias(TOUCHED_FILE_COL))
-    unmatched = (
-        counted.where(F.col(ACTION_COL) == action(INSERT)).select(*[quote_identifier(n) for n in source_names]).alias(s)
-    )
-    unmatched, insert_lookups = generate_precomputed_conditions_and_df(unmatched, resolved.not_matched)
-    insert_cols = generate_inserts_only_output_cols(
-        ctx.output_names, resolved.output_fields, resolved.not_matched, insert_lookups
-    )
-    if cdc:
-        insert_cols += [
-            F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
-            *[F.lit(None).cast(f.dataType).alias(n) for f, n in zip(resolved.output_fields, preimages, strict=True)],
-        ]
-    rows = repartition_for_write(ctx, rewritten.union(unmatched.select(*insert_cols)))
+    rows = repartition_for_write(ctx, rewritten.union(_inserted_rows(ctx, counted, source_names, preimages)))
     added, cdc_files = write_output(ctx, rows, preimages, (), write_id=ctx.write_id)
     counts = observed_counts(obs, ignore=(TOUCHED_FILE_COL,))
     source_rows = ctx.metrics["numSourceRows"] = int(obs_source.get.get("numSourceRows", 0) or 0)
@@ -280,3 +251,76 @@ def write_in_one_pass_counting_pairs(
     record_write_metrics(ctx, counts, cdc_files, source_rows)
     ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
     return added, cdc_files
+
+
+def _rewritten_through_bitmap(
+    ctx: MergeContext,
+    bitmap: KeyBitmap,
+    output_cols: Callable[[dict[int, Column]], list[Column]],
+    tcols: Sequence[Column],
+    preimages: Sequence[str],
+) -> DataFrame:
+    """Every candidate file's rows joined with the broadcast source through the key bitmap, as output rows."""
+    s, t = ctx.spec.source_alias, ctx.spec.target_alias
+    clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched]
+    source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+    # The rewrite reads no file column: left unused, ``_metadata`` would be read whole, row index and all.
+    rewrite = bitmap.probe_keys(
+        ctx.target_df(ctx.candidate_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+    )
+    rewritten, lookups = generate_precomputed_conditions_and_df(
+        rewrite.alias(t).join(F.broadcast(source.alias(s)), bitmap.on(t, s), "left_outer"), clauses
+    )
+    return rewritten.select(*output_cols(lookups), *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)])
+
+
+def _acted_pairs(
+    ctx: MergeContext,
+    observed_source: DataFrame,
+    target: DataFrame,
+    bitmap: KeyBitmap,
+    output_cols: Callable[[dict[int, Column]], list[Column]],
+    source_names: Sequence[str],
+) -> DataFrame:
+    """Each source row met with the target rows the bitmap holds: the source's columns, the action the pair
+    takes, and the hash of the matched target row's file (NULL for an unmatched source row)."""
+    s, t = ctx.spec.source_alias, ctx.spec.target_alias
+    clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched]
+    held = (
+        bitmap.probe_keys(target)
+        .where(F.col(PROBE_KEY_COL).isNotNull())
+        .withColumn(FILE_HASH_COL, F.xxhash64(F.col(delta.FILE_PATH_COL)))
+    )
+    pairs, lookups = generate_precomputed_conditions_and_df(
+        observed_source.alias(s).join(F.broadcast(held.alias(t)), bitmap.on(t, s), "left_outer"), clauses
+    )
+    return pairs.select(
+        *[F.col(qualified_column(s, n)) for n in source_names],
+        # Only the action: the target's other columns stay out of the broadcast.
+        output_cols(lookups)[len(ctx.output_names) + 1],
+        F.when(
+            F.col(qualified_column(t, TARGET_ROW_PRESENT_COL)).isNotNull(), F.col(qualified_column(t, FILE_HASH_COL))
+        ).alias(TOUCHED_FILE_COL),
+    )
+
+
+def _inserted_rows(
+    ctx: MergeContext, counted: DataFrame, source_names: Sequence[str], preimages: Sequence[str]
+) -> DataFrame:
+    """The unmatched source rows among the counted pairs, as the NOT MATCHED clauses' output rows."""
+    resolved = ctx.resolved
+    unmatched = (
+        counted.where(F.col(ACTION_COL) == action(INSERT))
+        .select(*[quote_identifier(n) for n in source_names])
+        .alias(ctx.spec.source_alias)
+    )
+    unmatched, insert_lookups = generate_precomputed_conditions_and_df(unmatched, resolved.not_matched)
+    insert_cols = generate_inserts_only_output_cols(
+        ctx.output_names, resolved.output_fields, resolved.not_matched, insert_lookups
+    )
+    if ctx.cdc_enabled:
+        insert_cols += [
+            F.lit(CDC_TYPE_INSERT).alias(CDC_TYPE_COL),
+            *[F.lit(None).cast(f.dataType).alias(n) for f, n in zip(resolved.output_fields, preimages, strict=True)],
+        ]
+    return unmatched.select(*insert_cols)
