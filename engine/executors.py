@@ -4,12 +4,13 @@ ClassicMergeExecutor: ``find_touched_files`` joins the data-skipped target with 
 the touched files and the per-target-row match counts (the multiple-match check) in one Spark job: by target
 row as Delta does, or, when ON pins each target row to one source key, with the source grouped by key and
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
-source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched,
-``write_in_one_pass`` skips the first pass: it rewrites every candidate and observes the touched files and
-the rows the join gave each target row as it writes, keeping the result only if the guess held. A large
-broadcast source with one integer key also goes out as a bitmap of its keys (KeyBitmap), so that the target
-rows it cannot hold skip the probe into a hash table larger than the CPU caches.
+source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched, the
+single pass (single_pass.py) folds the first pass into the write.
 InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
+
+Around them: the join plans and the unmatched source rows in joins.py, the key bitmap in key_bitmap.py, ON's
+key equalities in join_keys.py, the written files and their metrics in write_files.py, and what the phases
+share in context.py.
 """
 
 from __future__ import annotations
