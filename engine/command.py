@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import cast
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from engine import delta
 from engine.context import MergeContext
-from engine.delta import AddCDCFile, AddFile, Snapshot
+from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
@@ -309,7 +309,7 @@ class MergeIntoCommand:
         transaction.record_read(candidates, sql(predicate) if predicate is not None else None)
         if self.txn is not None:
             transaction.set_app_transaction(self.txn.app_id, self.txn.version)
-        actions: list[Any] = []
+        actions: list[CommitAction] = []
         if resolved.schema_changed:
             actions.append(snapshot.metadata.with_schema(StructType(resolved.output_fields)))
         now = int(time.time() * 1000)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     )
     from engine.delta.skipping import FilePredicate, prune_files
     from engine.delta.snapshot import Snapshot, load_snapshot
-    from engine.delta.transaction import Transaction
+    from engine.delta.transaction import CommitAction, Transaction
     from engine.delta.values import INTEGRAL_TYPES
     from engine.delta.write import (
         CHANGE_TYPE_COL,
@@ -75,6 +75,7 @@ _EXPORTS = {
     "prune_files": "engine.delta.skipping",
     "Snapshot": "engine.delta.snapshot",
     "load_snapshot": "engine.delta.snapshot",
+    "CommitAction": "engine.delta.transaction",
     "Transaction": "engine.delta.transaction",
     "CHANGE_TYPE_COL": "engine.delta.write",
     "check_no_reserved_cdc_columns": "engine.delta.write",
@@ -94,6 +95,7 @@ __all__ = [
     "ROW_INDEX_COL",
     "AddCDCFile",
     "AddFile",
+    "CommitAction",
     "CommitEntry",
     "FilePredicate",
     "FileStats",
