@@ -168,9 +168,9 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
 def join_plan(*, broadcast: bool, key_bitmap: KeyBitmapPlan | None = None) -> AbstractContextManager[Any]:
     """Force one of the two plans of the merge's joins whatever the data's size: the source broadcast past
     the streamed target, or both sides shuffled (Delta's own plan). ``key_bitmap`` also gives the broadcast
-    plan the source's key bitmap whatever the source's size, where ON allows one; the source rows matching no
-    target row are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join
-    through the bitmap (``semi``). Without ``key_bitmap`` no merge gets one, not even the single pass, which
+    plan the source's key bitmap whatever the source's size, where ON allows one; the unmatched source rows
+    are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join through
+    the bitmap (``semi``). Without ``key_bitmap`` no merge gets one, not even the single pass, which
     otherwise counts its actions on the held rows whatever the source's size."""
     stack = ExitStack()
     if key_bitmap is None:
