@@ -23,11 +23,13 @@ run: $(STAMP) check-java
 test: $(STAMP) check-java
 	$(BIN)/ruff check engine service migrations tests bench
 	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/mypy engine service
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine service migrations tests bench
 	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/mypy engine service
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py

@@ -1,24 +1,55 @@
 """The MERGE engine: Delta Lake's MergeIntoCommand design, with all data work on Spark through Spark Connect.
 
 The service uses only what this module exports.
+
+Each export is imported on first use: a process that needs only the spec or the Delta layer does not load
+Spark Connect's client.
 """
 
-from engine.command import run_merge
-from engine.expressions import validate_spec
-from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-from engine.source import rows_to_arrow
-from engine.spark import connect
-from engine.spec import (
-    DeleteAction,
-    InsertAction,
-    MergeClause,
-    MergeSpec,
-    QuerySource,
-    RowsSource,
-    TableSource,
-    UpdateAction,
-)
-from engine.sql import parse_merge_sql
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from engine.command import run_merge
+    from engine.expressions import validate_spec
+    from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
+    from engine.source import rows_to_arrow
+    from engine.spark import connect
+    from engine.spec import (
+        DeleteAction,
+        InsertAction,
+        MergeClause,
+        MergeSpec,
+        QuerySource,
+        RowsSource,
+        TableSource,
+        UpdateAction,
+    )
+    from engine.sql import parse_merge_sql
+
+_EXPORTS = {
+    "run_merge": "engine.command",
+    "validate_spec": "engine.expressions",
+    "ALL_METRICS": "engine.result",
+    "COMMIT_METRICS": "engine.result",
+    "AppTransaction": "engine.result",
+    "MergeResult": "engine.result",
+    "Phase": "engine.result",
+    "rows_to_arrow": "engine.source",
+    "connect": "engine.spark",
+    "DeleteAction": "engine.spec",
+    "InsertAction": "engine.spec",
+    "MergeClause": "engine.spec",
+    "MergeSpec": "engine.spec",
+    "QuerySource": "engine.spec",
+    "RowsSource": "engine.spec",
+    "TableSource": "engine.spec",
+    "UpdateAction": "engine.spec",
+    "parse_merge_sql": "engine.sql",
+}
 
 __all__ = [
     "ALL_METRICS",
@@ -40,3 +71,6 @@ __all__ = [
     "run_merge",
     "validate_spec",
 ]
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -32,13 +32,10 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from engine.delta.constraints import GENERATION_KEY
-from engine.delta.features import DEFAULT_KEY
+from engine.delta import DEFAULT_KEY, GENERATION_KEY
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import check_scope, clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
-
-SCOPES = {"matched": {"target", "source"}, "notMatched": {"source"}, "notMatchedBySource": {"target"}}
 
 
 def can_ansi_cast(source: DataType, target: DataType) -> bool:

@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -36,12 +35,8 @@ from service.specs import build_merge, parse_request
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class TxnId:
-    """The Delta ``txn`` identity of one job: the deployment's app id and the job's ``seq``."""
-
-    app_id: str
-    version: int
+TxnId = engine.AppTransaction
+"""The Delta ``txn`` identity of one job: the deployment's app id and the job's ``seq``."""
 
 
 class RunResult(Protocol):
@@ -131,7 +126,7 @@ class EngineRunner:
             return engine.run_merge(
                 spark,
                 built.spec,
-                txn=engine.AppTransaction(app_id=txn.app_id, version=txn.version),
+                txn=txn,
                 on_progress=on_progress,
                 dry_run=job.dry_run,
             )

@@ -2,48 +2,100 @@
 statistics, and commits with Delta's optimistic concurrency (WriteSerializable) written by this process.
 
 Delta's own JVM code cannot run on the Spark servers, so this package reads and commits the log itself.
+
+Each export is imported on first use, so that a leaf such as ``engine.delta.values`` imports alone.
 """
 
-from engine.delta.actions import (
-    AddCDCFile,
-    AddFile,
-    CommitEntry,
-    FileStats,
-    Metadata,
-    Protocol,
-    RemoveFile,
-    SetTransaction,
-    known_num_records,
-)
-from engine.delta.app_transactions import commit_info, find_app_transaction_commit
-from engine.delta.features import check_can_modify, check_supported
-from engine.delta.scan import (
-    FILE_NAME_COL,
-    FILE_PATH_COL,
-    ROW_INDEX_COL,
-    files_at_paths,
-    scan_files,
-    scan_files_with_path,
-)
-from engine.delta.skipping import FilePredicate, prune_files
-from engine.delta.snapshot import Snapshot, load_snapshot
-from engine.delta.transaction import Transaction
-from engine.delta.write import (
-    CHANGE_TYPE_COL,
-    check_no_reserved_cdc_columns,
-    discard_write,
-    target_partitions,
-    write_data_and_cdc_files,
-    write_data_files,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.exports import lazy_exports
+
+if TYPE_CHECKING:
+    from engine.delta.actions import (
+        AddCDCFile,
+        AddFile,
+        CommitEntry,
+        FileStats,
+        Metadata,
+        Protocol,
+        RemoveFile,
+        SetTransaction,
+        known_num_records,
+    )
+    from engine.delta.app_transactions import commit_info, find_app_transaction_commit
+    from engine.delta.constraints import GENERATION_KEY
+    from engine.delta.features import DEFAULT_KEY, check_can_modify, check_supported
+    from engine.delta.scan import (
+        FILE_NAME_COL,
+        FILE_PATH_COL,
+        ROW_INDEX_COL,
+        files_at_paths,
+        scan_files,
+        scan_files_with_path,
+    )
+    from engine.delta.skipping import FilePredicate, prune_files
+    from engine.delta.snapshot import Snapshot, load_snapshot
+    from engine.delta.transaction import CommitAction, Transaction
+    from engine.delta.values import INTEGRAL_TYPES
+    from engine.delta.write import (
+        CHANGE_TYPE_COL,
+        check_no_reserved_cdc_columns,
+        discard_write,
+        target_partitions,
+        write_data_and_cdc_files,
+        write_data_files,
+    )
+
+_EXPORTS = {
+    "AddCDCFile": "engine.delta.actions",
+    "AddFile": "engine.delta.actions",
+    "CommitEntry": "engine.delta.actions",
+    "FileStats": "engine.delta.actions",
+    "Metadata": "engine.delta.actions",
+    "Protocol": "engine.delta.actions",
+    "RemoveFile": "engine.delta.actions",
+    "SetTransaction": "engine.delta.actions",
+    "known_num_records": "engine.delta.actions",
+    "commit_info": "engine.delta.app_transactions",
+    "GENERATION_KEY": "engine.delta.constraints",
+    "DEFAULT_KEY": "engine.delta.features",
+    "INTEGRAL_TYPES": "engine.delta.values",
+    "find_app_transaction_commit": "engine.delta.app_transactions",
+    "check_can_modify": "engine.delta.features",
+    "check_supported": "engine.delta.features",
+    "FILE_NAME_COL": "engine.delta.scan",
+    "FILE_PATH_COL": "engine.delta.scan",
+    "ROW_INDEX_COL": "engine.delta.scan",
+    "files_at_paths": "engine.delta.scan",
+    "scan_files": "engine.delta.scan",
+    "scan_files_with_path": "engine.delta.scan",
+    "FilePredicate": "engine.delta.skipping",
+    "prune_files": "engine.delta.skipping",
+    "Snapshot": "engine.delta.snapshot",
+    "load_snapshot": "engine.delta.snapshot",
+    "CommitAction": "engine.delta.transaction",
+    "Transaction": "engine.delta.transaction",
+    "CHANGE_TYPE_COL": "engine.delta.write",
+    "check_no_reserved_cdc_columns": "engine.delta.write",
+    "discard_write": "engine.delta.write",
+    "target_partitions": "engine.delta.write",
+    "write_data_and_cdc_files": "engine.delta.write",
+    "write_data_files": "engine.delta.write",
+}
 
 __all__ = [
     "CHANGE_TYPE_COL",
+    "DEFAULT_KEY",
     "FILE_NAME_COL",
     "FILE_PATH_COL",
+    "GENERATION_KEY",
+    "INTEGRAL_TYPES",
     "ROW_INDEX_COL",
     "AddCDCFile",
     "AddFile",
+    "CommitAction",
     "CommitEntry",
     "FilePredicate",
     "FileStats",
@@ -69,3 +121,6 @@ __all__ = [
     "write_data_and_cdc_files",
     "write_data_files",
 ]
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 
 from engine.delta.errors import CorruptLogError
 from engine.delta.paths import log_path_to_local
-from engine.delta.values import field_at, leaf_fields, normalize_stat_value, stat_value_json
+from engine.delta.values import field_at, leaf_fields, normalize_stat_value, put_at_path, stat_value_json
 
 
 def now_millis() -> int:
@@ -93,7 +93,7 @@ def typed_stats(raw: Any, schema: T.StructType) -> dict[str, Any]:
             continue
         value = normalize_stat_value(node, dtype)
         if value is not None:
-            _put(out, path, value)
+            put_at_path(out, path, value)
     return out
 
 
@@ -109,12 +109,6 @@ def _int_stats(raw: Any) -> dict[str, Any]:
         elif isinstance(value, (int, Decimal)) and not isinstance(value, bool):
             out[key] = int(value)
     return out
-
-
-def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
-    for name in path[:-1]:
-        target = target.setdefault(name, {})
-    target[path[-1]] = value
 
 
 def _nested_json(values: Mapping[str, Any]) -> str:
@@ -262,15 +256,6 @@ class Metadata:
             if field_at(parsed, [column]) is None:
                 raise ValueError(f"The new schema lacks partition column {column!r}")
         return replace(self, schema_string=parsed.json())
-
-    def with_configuration(self, **changes: str | None) -> Metadata:
-        config = dict(self.configuration)
-        for key, value in changes.items():
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
-        return replace(self, configuration=config)
 
     def to_action(self) -> dict[str, Any]:
         return {

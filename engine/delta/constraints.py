@@ -119,50 +119,63 @@ def table_constraints(metadata: Metadata) -> list[Constraint]:
                     f"({expression})",
                 )
             )
+    constraints += _generated_column_constraints(schema_json)
+    for path, f in _fields(schema_json):
+        constraints += _column_constraints(path, f.get("metadata") or {}, schema_json)
+    return constraints
+
+
+def _generated_column_constraints(schema_json: dict[str, Any]) -> list[Constraint]:
+    """A generated column must hold its expression's value (Delta checks it as a CHECK constraint)."""
+    constraints = []
     for f in schema_json.get("fields", []):
-        expression = (f.get("metadata") or {}).get(GENERATION_KEY)
-        if expression is not None:
-            # A generated column must hold its expression's value (Delta checks it as a CHECK constraint).
+        generation = (f.get("metadata") or {}).get(GENERATION_KEY)
+        if generation is not None:
+            expression = str(generation)
             column = quoted_path((f["name"],))
             constraints.append(
                 Constraint(
                     "check",
                     "Generated Column",
                     f"{column} <=> ({expression})",
-                    tuple(dict.fromkeys([(f["name"],), *referenced_columns(str(expression), schema_json)])),
+                    tuple(dict.fromkeys([(f["name"],), *referenced_columns(expression, schema_json)])),
                     f"({f['name']} <=> ({expression}))",
                 )
             )
-    for path, f in _fields(schema_json):
-        meta = f.get("metadata") or {}
-        if INVARIANTS_KEY in meta:
-            expression = _invariant_expression(path, meta[INVARIANTS_KEY])
-            constraints.append(
-                Constraint(
-                    "invariant",
-                    f"EXPRESSION({expression})",
-                    expression,
-                    referenced_columns(expression, schema_json),
-                    f"({expression})",
-                )
-            )
-        raw_type = meta.get(CHAR_VARCHAR_KEY)
-        if raw_type is None:
-            continue
-        length = _LENGTH_TYPE.match(str(raw_type))
-        if length is None:
-            raise UnsupportedTableFeatureError(
-                f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
-                "not supported"
-            )
-        column, limit, name = quoted_path(path), int(length.group(1)), ".".join(path)
+    return constraints
+
+
+def _column_constraints(path: tuple[str, ...], meta: dict[str, Any], schema_json: dict[str, Any]) -> list[Constraint]:
+    """A column's invariant and its CHAR/VARCHAR length limit."""
+    constraints = []
+    if INVARIANTS_KEY in meta:
+        expression = _invariant_expression(path, meta[INVARIANTS_KEY])
         constraints.append(
             Constraint(
-                "length",
-                CHAR_VARCHAR_CHECK_NAME,
-                f"{column} IS NULL OR length({column}) <= {limit}",
-                (path,),
-                f"(({name} IS NULL) OR (length({name}) <= {limit}))",
+                "invariant",
+                f"EXPRESSION({expression})",
+                expression,
+                referenced_columns(expression, schema_json),
+                f"({expression})",
             )
         )
+    raw_type = meta.get(CHAR_VARCHAR_KEY)
+    if raw_type is None:
+        return constraints
+    length = _LENGTH_TYPE.match(str(raw_type))
+    if length is None:
+        raise UnsupportedTableFeatureError(
+            f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
+            "not supported"
+        )
+    column, limit, name = quoted_path(path), int(length.group(1)), ".".join(path)
+    constraints.append(
+        Constraint(
+            "length",
+            CHAR_VARCHAR_CHECK_NAME,
+            f"{column} IS NULL OR length({column}) <= {limit}",
+            (path,),
+            f"(({name} IS NULL) OR (length({name}) <= {limit}))",
+        )
+    )
     return constraints

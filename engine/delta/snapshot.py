@@ -30,7 +30,6 @@ from engine.delta.values import (
 )
 from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
 
-DEFAULT_CHECKPOINT_INTERVAL = 10
 _UNREADABLE_ROOT_CHARS = ("[", "]", "%")
 """deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
@@ -72,13 +71,6 @@ class Snapshot:
         return str(self.configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
 
     @property
-    def checkpoint_interval(self) -> int:
-        try:
-            return max(1, int(self.configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL)))
-        except ValueError:
-            return DEFAULT_CHECKPOINT_INTERVAL
-
-    @property
     def data_schema(self) -> T.StructType:
         """The table schema without partition columns: what the Parquet files hold."""
         parts = {c.lower() for c in self.partition_columns}
@@ -100,10 +92,6 @@ class Snapshot:
     @property
     def storage(self) -> Storage:
         return storage_for(self.root)
-
-    @property
-    def size_in_bytes(self) -> int:
-        return sum(f.size for f in self.files)
 
     def app_transaction_version(self, app_id: str) -> int | None:
         """The latest ``txn`` version recorded for ``app_id`` at this snapshot, or None."""

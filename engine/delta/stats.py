@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -31,6 +31,7 @@ from engine.delta.values import (
     INTEGRAL_TYPES,
     is_skipping_eligible,
     leaf_fields,
+    put_at_path,
     round_float32,
     to_utc,
 )
@@ -137,12 +138,6 @@ def _convert(value: Any, dtype: T.DataType) -> Any:
     return None
 
 
-def _put(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
-    for name in path[:-1]:
-        target = target.setdefault(name, {})
-    target[path[-1]] = value
-
-
 def _type_leaves(dtype: pa.DataType, path: tuple[str, ...]) -> list[tuple[str, ...]]:
     if pa.types.is_struct(dtype):
         return [
@@ -177,6 +172,36 @@ def stats_from_footer(
 ) -> FileStats:
     """Delta statistics for one Parquet file from its footer."""
     num_rows = metadata.num_rows
+    columns, lowered = _chunks_by_path(metadata)
+    min_values: dict[str, Any] = {}
+    max_values: dict[str, Any] = {}
+    null_count: dict[str, Any] = {}
+    for path, dtype in indexed_leaves(data_schema, configuration):
+        if isinstance(dtype, (T.ArrayType, T.MapType)):
+            continue  # Parquet counts null elements there, not null values of the column.
+        chunks = columns.get(path) or columns.get(lowered.get(tuple(p.lower() for p in path), ()))
+        if chunks is None:
+            put_at_path(null_count, path, num_rows)  # a column the file lacks reads as NULL in every row
+            continue
+        nulls, low, high = _column_stats(chunks, dtype)
+        if nulls < 0:
+            continue
+        put_at_path(null_count, path, nulls)
+        if low is not None and high is not None:
+            if isinstance(dtype, T.StringType):
+                low = truncate_min_string(low)
+                high = truncate_max_string(high)
+                if high is None:
+                    continue
+            put_at_path(min_values, path, low)
+            put_at_path(max_values, path, high)
+    return FileStats(num_records=num_rows, min_values=min_values, max_values=max_values, null_count=null_count)
+
+
+def _chunks_by_path(
+    metadata: pq.FileMetaData,
+) -> tuple[dict[tuple[str, ...], list[Any]], dict[tuple[str, ...], tuple[str, ...]]]:
+    """Each leaf column's (rows, statistics) per row group, by path; and the paths by their lower-case form."""
     columns: dict[tuple[str, ...], list[Any]] = {}
     lowered: dict[tuple[str, ...], tuple[str, ...]] = {}
     paths = _column_paths(metadata)
@@ -187,54 +212,32 @@ def stats_from_footer(
             path = paths[col_index]
             columns.setdefault(path, []).append((rg.num_rows, chunk.statistics))
             lowered.setdefault(tuple(p.lower() for p in path), path)
+    return columns, lowered
 
-    min_values: dict[str, Any] = {}
-    max_values: dict[str, Any] = {}
-    null_count: dict[str, Any] = {}
-    for path, dtype in indexed_leaves(data_schema, configuration):
-        if isinstance(dtype, (T.ArrayType, T.MapType)):
-            continue  # Parquet counts null elements there, not null values of the column.
-        chunks = columns.get(path) or columns.get(lowered.get(tuple(p.lower() for p in path), ()))
-        if chunks is None:
-            _put(null_count, path, num_rows)  # a column the file lacks reads as NULL in every row
+
+def _column_stats(chunks: list[Any], dtype: T.DataType) -> tuple[int, Any, Any]:
+    """One column's null count (-1 when a row group does not say) and its bounds (None when not exact)."""
+    nulls = 0
+    low: Any = None
+    high: Any = None
+    bounds_ok = is_skipping_eligible(dtype)
+    for rows, stats in chunks:
+        if stats is None or not stats.has_null_count:
+            return -1, None, None
+        nulls += stats.null_count
+        if not bounds_ok or stats.null_count >= rows:
             continue
-        nulls = 0
-        low: Any = None
-        high: Any = None
-        bounds_ok = is_skipping_eligible(dtype)
-        for rows, stats in chunks:
-            if stats is None or not stats.has_null_count:
-                nulls = -1
-                bounds_ok = False
-                break
-            nulls += stats.null_count
-            if not bounds_ok or stats.null_count >= rows:
-                continue
-            if not stats.has_min_max:
-                bounds_ok = False
-                continue
-            if (
-                getattr(stats, "is_min_value_exact", None) is False
-                or getattr(stats, "is_max_value_exact", None) is False
-            ):
-                bounds_ok = False
-                continue
-            lo = _convert(stats.min, dtype)
-            hi = _convert(stats.max, dtype)
-            if lo is None or hi is None:
-                bounds_ok = False
-                continue
-            low = lo if low is None or lo < low else low
-            high = hi if high is None or hi > high else high
-        if nulls < 0:
+        if not stats.has_min_max:
+            bounds_ok = False
             continue
-        _put(null_count, path, nulls)
-        if bounds_ok and low is not None and high is not None:
-            if isinstance(dtype, T.StringType):
-                low = truncate_min_string(low)
-                high = truncate_max_string(high)
-                if high is None:
-                    continue
-            _put(min_values, path, low)
-            _put(max_values, path, high)
-    return FileStats(num_records=num_rows, min_values=min_values, max_values=max_values, null_count=null_count)
+        if getattr(stats, "is_min_value_exact", None) is False or getattr(stats, "is_max_value_exact", None) is False:
+            bounds_ok = False
+            continue
+        lo = _convert(stats.min, dtype)
+        hi = _convert(stats.max, dtype)
+        if lo is None or hi is None:
+            bounds_ok = False
+            continue
+        low = lo if low is None or lo < low else low
+        high = hi if high is None or hi > high else high
+    return (nulls, low, high) if bounds_ok else (nulls, None, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -218,10 +218,10 @@ def normalize_stat_value(value: Any, dtype: T.DataType) -> Any:
             number = Decimal(value) if not isinstance(value, int) else value
             return int(number) if number == int(number) else None
         if isinstance(dtype, FLOAT_TYPES):
-            number = float(value)
-            if math.isnan(number):
+            floating = float(value)
+            if math.isnan(floating):
                 return None
-            return round_float32(number) if isinstance(dtype, T.FloatType) else number
+            return round_float32(floating) if isinstance(dtype, T.FloatType) else floating
         if isinstance(dtype, T.DecimalType):
             if isinstance(value, float):
                 return Decimal(repr(value))
@@ -275,3 +275,10 @@ def stat_value_json(value: Any) -> str:
 
 
 MILLISECOND = timedelta(milliseconds=1)
+
+
+def put_at_path(target: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    """``target[path[0]][path[1]]... = value``, making the nested dicts on the way: statistics' JSON shape."""
+    for name in path[:-1]:
+        target = target.setdefault(name, {})
+    target[path[-1]] = value

@@ -24,8 +24,12 @@ from engine import (
     TableSource,
     UpdateAction,
     executors,
+    join_keys,
+    joins,
     run_merge,
+    single_pass,
 )
+from engine.key_bitmap import KeyBitmap
 
 COUNTS = ("num_updated_rows", "num_deleted_rows", "num_inserted_rows")
 
@@ -152,32 +156,31 @@ def find_plan(plan: FindPlan) -> AbstractContextManager[Any]:
     candidate file left untouched) and its fallback are exercised too."""
     stack = ExitStack()
     if plan == "single_pass":
-        stack.enter_context(
-            patch.object(executors.ClassicMergeExecutor, "_expects_every_candidate_touched", lambda self, keyed: True)
-        )
+        stack.enter_context(patch.object(single_pass, "expects_every_candidate_touched", lambda ctx, keyed: True))
         return stack
-    stack.enter_context(patch.object(executors.ClassicMergeExecutor, "takes_single_pass", lambda self: False))
+    stack.enter_context(patch.object(single_pass, "takes_single_pass", lambda ctx: False))
     if plan == "target_rows":
-        stack.enter_context(patch.object(executors, "keyed_join", lambda ctx: None))
+        for module in (executors, join_keys):
+            stack.enter_context(patch.object(module, "keyed_join", lambda ctx: None))
     return stack
 
 
 def join_plan(*, broadcast: bool, key_bitmap: KeyBitmapPlan | None = None) -> AbstractContextManager[Any]:
     """Force one of the two plans of the merge's joins whatever the data's size: the source broadcast past
     the streamed target, or both sides shuffled (Delta's own plan). ``key_bitmap`` also gives the broadcast
-    plan the source's key bitmap whatever the source's size, where ON allows one; the source rows matching no
-    target row are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join
-    through the bitmap (``semi``). Without ``key_bitmap`` no merge gets one, not even the single pass, which
+    plan the source's key bitmap whatever the source's size, where ON allows one; the unmatched source rows
+    are then found by broadcasting the target rows the bitmap holds (``held``) or by the semi join through
+    the bitmap (``semi``). Without ``key_bitmap`` no merge gets one, not even the single pass, which
     otherwise counts its actions on the held rows whatever the source's size."""
     stack = ExitStack()
     if key_bitmap is None:
-        stack.enter_context(patch.object(executors, "key_bitmap", lambda *args, **kwargs: None))
+        stack.enter_context(patch.object(KeyBitmap, "for_merge", lambda *args, **kwargs: None))
     if broadcast:
-        stack.enter_context(patch.object(executors, "BROADCAST_SIZE_RATIO", 0))
+        stack.enter_context(patch.object(joins, "BROADCAST_SIZE_RATIO", 0))
         if key_bitmap is not None:
-            stack.enter_context(patch.object(executors, "KEY_BITMAP_MIN_SOURCE_ROWS", 0))
+            stack.enter_context(patch("engine.key_bitmap.KEY_BITMAP_MIN_SOURCE_ROWS", 0))
             if key_bitmap == "semi":
-                stack.enter_context(patch.object(executors, "HELD_TARGET_ROWS_PER_KEY", -1))
+                stack.enter_context(patch.object(joins, "HELD_TARGET_ROWS_PER_KEY", -1))
     else:
-        stack.enter_context(patch.object(executors, "BROADCAST_SOURCE_BYTES", 0))
+        stack.enter_context(patch.object(joins, "BROADCAST_SOURCE_BYTES", 0))
     return stack

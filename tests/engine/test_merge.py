@@ -12,8 +12,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from engine import COMMIT_METRICS, executors, run_merge
+from engine import COMMIT_METRICS, joins, run_merge, single_pass
 from engine.errors import MergeResolutionError, MultipleMatchError, TableNotFoundError
+from engine.key_bitmap import KeyBitmap
 from tests.engine.harness import (
     COUNTS,
     FindPlan,
@@ -283,12 +284,12 @@ def test_key_bitmap_answers_as_the_plain_probe(
         if plan == "insert_only"
         else [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
     )
-    built: list[executors.KeyBitmap] = []
+    built: list[KeyBitmap] = []
     routes: list[str] = []
-    real_bitmap, real_held = executors.key_bitmap_of, executors.source_rows_matching_no_held_key
-    real_pairs = executors.ClassicMergeExecutor._write_in_one_pass_counting_pairs
+    real_bitmap, real_held = KeyBitmap.build, joins.unmatched_source_rows_by_held_rows
+    real_pairs = single_pass.write_in_one_pass_counting_pairs
 
-    def spy_bitmap(*args: Any, **kwargs: Any) -> executors.KeyBitmap:
+    def spy_bitmap(*args: Any, **kwargs: Any) -> KeyBitmap:
         built.append(real_bitmap(*args, **kwargs))
         return built[-1]
 
@@ -303,18 +304,18 @@ def test_key_bitmap_answers_as_the_plain_probe(
     with (
         find_plan("source_keys" if plan == "insert_only" else plan),
         join_plan(broadcast=True, key_bitmap=unmatched),
-        patch.object(executors, "key_bitmap_of", spy_bitmap),
-        patch.object(executors, "source_rows_matching_no_held_key", spy_held),
-        patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs),
+        patch.object(KeyBitmap, "build", spy_bitmap),
+        patch.object(joins, "unmatched_source_rows_by_held_rows", spy_held),
+        patch.object(single_pass, "write_in_one_pass_counting_pairs", spy_pairs),
     ):
         result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
     assert [b.bits for b in built] == [bits]
     assert built[0].keys == 6 and built[0].held_fraction == 6 / bits
     # findTouchedFiles by source keys keeps the matched keys, and the single pass cannot take a target-only
-    # conjunct: neither asks the target for the source rows matching none. The single pass meets the held
+    # conjunct: neither asks the target for the unmatched source rows. The single pass meets the held
     # target rows with the source rows to count its actions; an insert-only merge anti-joins them.
-    single_pass = plan == "single_pass" and "t.v" not in on
-    held = {"insert_only": ["held"], "single_pass": ["pairs"] if single_pass else []}.get(plan, [])
+    pairs_taken = plan == "single_pass" and "t.v" not in on
+    held = {"insert_only": ["held"], "single_pass": ["pairs"] if pairs_taken else []}.get(plan, [])
     assert routes == (held if unmatched == "held" else [])
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
-from engine import executors, run_merge
+from engine import executors, run_merge, single_pass
 from engine.errors import MultipleMatchError
 from tests.engine.harness import (
     COUNTS,
@@ -125,7 +125,7 @@ def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path
     # 40 keys over four files of 500: ten per file, too few to expect every file touched.
     ids = list(range(0, FILES * ROWS_PER_FILE, 50))
     with patch.object(
-        executors.ClassicMergeExecutor,
+        single_pass,
         "write_in_one_pass",
         side_effect=AssertionError("the statistics do not promise every file touched"),
     ):
@@ -329,7 +329,7 @@ def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: l
     copies come from the data rows written, never the change rows."""
     existing = list(range(0, FILES * ROWS_PER_FILE, 10))
     new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
-    real_pairs = executors.ClassicMergeExecutor._write_in_one_pass_counting_pairs
+    real_pairs = single_pass.write_in_one_pass_counting_pairs
     routes: list[str] = []
 
     def spy_pairs(*args: Any, **kwargs: Any) -> Any:
@@ -339,7 +339,7 @@ def test_change_data_in_one_pass(spark: SparkSession, tmp_path: Path, clauses: l
     with (
         _no_find_pass(),
         join_plan(broadcast=join != "shuffle", key_bitmap="held" if join == "key_bitmap" else None),
-        patch.object(executors.ClassicMergeExecutor, "_write_in_one_pass_counting_pairs", spy_pairs),
+        patch.object(single_pass, "write_in_one_pass_counting_pairs", spy_pairs),
     ):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, clauses, configuration=CDF)
     assert routes == (["pairs"] if join == "key_bitmap" and clauses is UPSERT else [])

@@ -1,0 +1,56 @@
+"""Spark's errors translated into the engine's, by kind: data that does not fit, names that do not resolve,
+cancellation, transport."""
+
+from __future__ import annotations
+
+from pyspark.errors import PySparkException
+
+from engine.errors import (
+    DataCastError,
+    MergeCancelledError,
+    MergeExecutionError,
+    MergeResolutionError,
+    MergeServiceEngineError,
+    SparkUnavailableError,
+    spark_error_message,
+)
+
+
+def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
+    """Spark's errors by kind: data that does not fit, names that do not resolve, cancellation, transport."""
+    condition = ""
+    for getter in ("getCondition", "getErrorClass"):
+        fn = getattr(exc, getter, None)
+        if fn is not None:
+            try:
+                condition = fn() or ""
+            except Exception:
+                condition = ""
+            if condition:
+                break
+    text = str(exc).strip()
+    first = spark_error_message(exc)
+    if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
+        return MergeCancelledError("The merge was cancelled while Spark was running it.")
+    if any(
+        k in condition
+        for k in (
+            "CAST_OVERFLOW",
+            "CAST_INVALID_INPUT",
+            "NUMERIC_VALUE_OUT_OF_RANGE",
+            "ARITHMETIC_OVERFLOW",
+            "NUMERIC_OUT_OF_SUPPORTED_RANGE",
+            "DATETIME_OVERFLOW",
+        )
+    ):
+        return DataCastError(f"A value does not fit its target column: {first}")
+    if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
+        return MergeResolutionError(first)
+    name = type(exc).__name__
+    if name in ("SparkConnectGrpcException", "RetriesExceeded") and any(
+        k in text for k in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed", "DEADLINE")
+    ):
+        return SparkUnavailableError(f"Spark Connect failed: {first}")
+    if name == "AnalysisException":
+        return MergeResolutionError(first)
+    return MergeExecutionError(first)
