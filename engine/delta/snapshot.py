@@ -6,9 +6,11 @@ to this layer's forms (typed statistics, Delta's partition value strings).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -16,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.paths import normalize_table
 from engine.delta.storage import Storage, storage_for
 from engine.delta.values import (
@@ -27,6 +30,8 @@ from engine.delta.values import (
 from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
+_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+_COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 _UNREADABLE_ROOT_CHARS = ("[", "]", "%")
 """deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
@@ -142,7 +147,10 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
     )
     schema = parse_schema(metadata.schema_string)
     files = _files(dt, schema, metadata.partition_columns)
-    has_dvs = "deletionVectors" in (protocol.reader_features or ()) and _has_deletion_vectors(dt)
+    has_dvs = False
+    if "deletionVectors" in (protocol.reader_features or ()):
+        files = _with_deletion_vectors(files, root, int(dt.version()))
+        has_dvs = any(f.deletion_vector is not None for f in files)
     return Snapshot(
         table_uri=table_uri,
         root=root,
@@ -155,13 +163,81 @@ def load_snapshot(table: str | os.PathLike[str], version: int | None = None) -> 
     )
 
 
-def _has_deletion_vectors(dt: Any) -> bool:
-    """Whether any live file has a deletion vector. deltalake's add actions do not show them, so ask for the
-    vectors themselves (only for tables whose protocol allows them); failing to tell counts as yes."""
+def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:
+    """``files`` with their deletion vector descriptors and ``tightBounds``. deltalake's add actions show
+    neither, so the log is replayed for them: the newest checkpoint at or before ``version``, then the commits
+    after it (PROTOCOL.md "Action Reconciliation": the last add or remove of a path wins)."""
+    replayed = _replay_deletion_vectors(root, version)
+    out = []
+    for add in files:
+        descriptor, tight = replayed.get(add.path, (None, None))
+        stats = add.stats if add.stats is None or tight is None else replace(add.stats, tight_bounds=tight)
+        out.append(replace(add, deletion_vector=descriptor, stats=stats))
+    return tuple(out)
+
+
+def _replay_deletion_vectors(root: str, version: int) -> dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]:
+    """Live path -> (its deletion vector, its statistics' ``tightBounds``) at ``version``."""
+    log_dir = os.path.join(root, "_delta_log")
+    names = os.listdir(log_dir)
+    start, parts = _newest_checkpoint(names, version)
+    live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]] = {}
+    for part in parts:
+        _replay_checkpoint(os.path.join(log_dir, part), live)
+    commits = sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
+    for number in commits:
+        if start < number <= version:
+            with open(os.path.join(log_dir, f"{number:020d}.json"), encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        _apply(json.loads(line), live)
+    return live
+
+
+def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
+    """(version, part file names) of the newest complete classic checkpoint at or before ``version``."""
+    found: dict[tuple[int, int], list[str]] = {}
+    for name in names:
+        m = _CHECKPOINT_NAME.match(name)
+        if m and int(m.group(1)) <= version:
+            found.setdefault((int(m.group(1)), int(m.group(3) or 1)), []).append(name)
+    complete = [(v, n) for (v, n), parts in found.items() if len(parts) == n]
+    if not complete:
+        return -1, []
+    best = max(complete)
+    return best[0], sorted(found[best])
+
+
+def _replay_checkpoint(path: str, live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
+    import pyarrow.parquet as pq
+
+    adds = pq.read_table(path, columns=["add"]).column("add").to_pylist()
+    for add in adds:
+        if add:
+            _apply({"add": add}, live)
+
+
+def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
+    if "add" in action:
+        body = action["add"]
+        raw = body.get("deletionVector")
+        try:
+            descriptor = DeletionVectorDescriptor.from_json(raw) if raw else None
+        except DeletionVectorError as exc:
+            raise DeltaError(f"File {body.get('path')!r} has a malformed deletion vector: {exc}") from exc
+        live[body["path"]] = (descriptor, _tight_bounds(body.get("stats")))
+    elif "remove" in action:
+        live.pop(action["remove"]["path"], None)
+
+
+def _tight_bounds(stats: Any) -> bool | None:
+    if not isinstance(stats, str) or "tightBounds" not in stats:
+        return None
     try:
-        return pa.table(dt.deletion_vectors()).num_rows > 0
-    except Exception:
-        return True
+        value = json.loads(stats).get("tightBounds")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
 
 
 def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[AddFile, ...]:
