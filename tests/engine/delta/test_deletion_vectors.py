@@ -14,7 +14,16 @@ from deltalake import write_deltalake
 from pyroaring import BitMap, BitMap64
 from pyspark.sql import SparkSession
 
-from engine.delta import check_supported, load_snapshot, scan_files
+from engine.delta import (
+    FILE_NAME_COL,
+    FILE_PATH_COL,
+    check_supported,
+    files_at_paths,
+    load_snapshot,
+    scan_files,
+    scan_files_with_path,
+)
+from engine.delta import scan as scan_module
 from engine.delta.deletion_vectors import (
     MAGIC_NUMBER,
     NATIVE_MAGIC_NUMBER,
@@ -229,3 +238,38 @@ def test_scan_drops_deleted_rows(spark: SparkSession, lake: Path, storage: str) 
     for file_columns in (True, False):
         rows = scan_files(spark, snapshot, snapshot.files, file_columns=file_columns).collect()
         assert sorted(r["id"] for r in rows) == expected
+
+
+@pytest.mark.parametrize("inline_limit", [0, 1_000_000])
+def test_scan_drops_deleted_rows_of_a_partitioned_table_both_ways(
+    spark: SparkSession, lake: Path, inline_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan-inline filter and the side-table anti-join give the same rows; partition values still join."""
+    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", inline_limit)
+    path = lake / "parted"
+    data = _rows(0, 3000).append_column("part", pa.array([["a b", "c"][i % 2] for i in range(3000)]))
+    write_deltalake(str(path), data, partition_by=["part"])
+    write_deltalake(str(path), _rows(3000, 10).append_column("part", pa.array(["c"] * 10)), mode="append")
+    enable_deletion_vectors(path)
+    files = file_paths(path)
+    delete_rows(path, {files[0]: range(0, 1500, 2), files[1]: [7, 1499]})
+    snapshot = load_snapshot(path)
+    expected = read_with_deltalake(path)
+    assert expected.num_rows == 3010 - 752
+    rows = scan_files(spark, snapshot, snapshot.files).collect()
+    assert sorted((r["id"], r["part"]) for r in rows) == sorted(
+        zip(expected.column("id").to_pylist(), expected.column("part").to_pylist(), strict=True)
+    )
+    assert all(r[FILE_NAME_COL] in files for r in rows)
+    with_path = scan_files_with_path(spark, snapshot, snapshot.files)
+    touched = with_path.where("id % 1000 = 1").select(FILE_PATH_COL).distinct().collect()
+    assert {f.path for f in files_at_paths(snapshot, snapshot.files, [r[0] for r in touched])} <= set(files)
+
+
+def test_scan_of_some_files_reads_their_vectors_only(spark: SparkSession, lake: Path) -> None:
+    path, files = _dv_table(lake)
+    delete_rows(path, {files[1]: [0, 1, 2, 3, 4]})  # every row of the small file
+    snapshot = load_snapshot(path)
+    small = [f for f in snapshot.files if f.path == files[1]]
+    assert scan_files(spark, snapshot, small).count() == 0
+    assert scan_files(spark, snapshot, snapshot.files, file_columns=False).count() == 10
