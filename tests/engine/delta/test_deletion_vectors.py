@@ -3,6 +3,7 @@ delta-rs reads them."""
 
 from __future__ import annotations
 
+import json
 import struct
 import uuid
 import zlib
@@ -17,9 +18,11 @@ from pyspark.sql import SparkSession
 from engine.delta import (
     FILE_NAME_COL,
     FILE_PATH_COL,
+    Transaction,
     check_supported,
     files_at_paths,
     load_snapshot,
+    prune_files,
     scan_files,
     scan_files_with_path,
 )
@@ -37,6 +40,7 @@ from engine.delta.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
+from engine.errors import ConcurrentDeleteDeleteError, ConcurrentDeleteReadError
 
 from .dv_tables import delete_rows, enable_deletion_vectors, file_paths, read_with_deltalake
 
@@ -198,11 +202,9 @@ def test_snapshot_reads_descriptors_and_live_counts(lake: Path) -> None:
     snapshot = load_snapshot(path)
     check_supported(snapshot)  # files with vectors are read now
     assert snapshot.has_deletion_vectors
-    by_path = {f.path: f for f in snapshot.files}
-    for f in by_path.values():
+    for f in snapshot.files:
         assert f.deletion_vector is not None and f.stats is not None and f.stats.tight_bounds is False
-        physical = f.stats.num_records
-        assert f.num_live_records == physical - f.deletion_vector.cardinality
+        assert f.num_live_records == (f.stats.num_records or 0) - f.deletion_vector.cardinality
     live = sum(f.num_live_records or 0 for f in snapshot.files)
     assert live == read_with_deltalake(path).num_rows == 11
 
@@ -215,9 +217,8 @@ def test_snapshot_after_checkpoint(lake: Path) -> None:
     DeltaTable(str(path)).create_checkpoint()
     delete_rows(path, {files[0]: [0, 9]})
     snapshot = load_snapshot(path)
-    vectors = {f.path: f.deletion_vector for f in snapshot.files}
-    assert vectors[files[0]] is not None and vectors[files[0]].cardinality == 2
-    assert vectors[files[1]] is not None and vectors[files[1]].cardinality == 1
+    counts = {f.path: f.num_deleted_rows for f in snapshot.files}
+    assert counts == {files[0]: 2, files[1]: 1}
     older = load_snapshot(path, version=snapshot.version - 1)
     assert {f.path: f.deletion_vector for f in older.files}[files[0]] is None
 
@@ -273,3 +274,64 @@ def test_scan_of_some_files_reads_their_vectors_only(spark: SparkSession, lake: 
     small = [f for f in snapshot.files if f.path == files[1]]
     assert scan_files(spark, snapshot, small).count() == 0
     assert scan_files(spark, snapshot, snapshot.files, file_columns=False).count() == 10
+
+
+# --- statistics and commits over vectors ------------------------------------------------------------------------
+
+
+def test_skipping_reads_wide_statistics_as_bounds(lake: Path) -> None:
+    """With ``tightBounds`` false, min/max bound the live rows and nullCount says only "none" or "all" of the
+    physical rows: a file is skipped only where that proves no live row matches."""
+    path = lake / "wide"
+    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "n": pa.array([None, None, 5, 6])}))
+    write_deltalake(
+        str(path), pa.table({"id": pa.array([7, 8], pa.int64()), "n": pa.array([None, None])}), mode="append"
+    )
+    enable_deletion_vectors(path)
+    mixed, nulls = file_paths(path)
+    delete_rows(path, {mixed: [0, 1, 3]})  # live: id 3 (n 5) only; statistics still say n in [5, 6], 2 nulls
+    snapshot = load_snapshot(path)
+
+    def kept(predicate: str) -> set[str]:
+        return {f.path for f in prune_files(snapshot, snapshot.files, predicate)}
+
+    assert kept("id = 3") == {mixed}
+    assert kept("id = 4") == {mixed}  # deleted, but bounds are wide: kept, never wrongly skipped
+    assert kept("id > 100") == set()
+    assert kept("n IS NOT NULL") == {mixed}  # nullCount == numRecords in the other: all null
+    assert kept("n IS NULL") == {mixed, nulls}  # 2 of 4 physical nulls tells nothing of the live rows
+    assert kept("n = 6") == {mixed}
+
+
+def test_a_concurrent_vector_change_conflicts_with_a_merge_of_that_file(lake: Path) -> None:
+    """Delta writes a new vector as remove + add of the same path: a transaction that read or rewrote the
+    file loses; one whose reads the file cannot touch commits on top."""
+    path, files = _dv_table(lake)
+    snapshot = load_snapshot(path)
+    first = snapshot.files_by_path[files[0]]
+
+    rewrite = Transaction(snapshot)
+    rewrite.record_read([first], "id < 5")
+    reader = Transaction(snapshot)
+    reader.record_read([first], "id < 5")
+    elsewhere = Transaction(snapshot)
+    elsewhere.record_read([], "id > 1000")
+    delete_rows(path, {files[0]: [2]})
+
+    with pytest.raises(ConcurrentDeleteDeleteError, match=files[0]):
+        rewrite.commit([first.to_remove()], operation="MERGE", operation_parameters={})
+    with pytest.raises(ConcurrentDeleteReadError, match=files[0]):
+        reader.commit([], operation="MERGE", operation_parameters={})
+    assert elsewhere.commit([], operation="MERGE", operation_parameters={}) == snapshot.version + 2
+
+
+def test_remove_carries_the_vector_of_the_file_it_removes(lake: Path) -> None:
+    path, files = _dv_table(lake)
+    delete_rows(path, {files[0]: [4]}, storage="i")
+    snapshot = load_snapshot(path)
+    first = snapshot.files_by_path[files[0]]
+    version = Transaction(snapshot).commit([first.to_remove()], operation="DELETE", operation_parameters={})
+    actions = [json.loads(line) for line in (path / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+    (remove,) = [a["remove"] for a in actions if "remove" in a]
+    assert remove["deletionVector"] == first.deletion_vector.to_json()  # type: ignore[union-attr]
+    assert read_with_deltalake(path).column("id").to_pylist() == list(range(10, 15))
