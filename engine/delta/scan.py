@@ -41,8 +41,10 @@ _UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
 _FILE_NUMBER_COL = "__delta_dv_file"
 _DELETED_ROW_COL = "__delta_dv_row"
+_ROW_BITS = 40
+"""Row indexes below 2**40 (every Parquet file there is) share one long key with their file's number."""
 
-INLINE_DELETED_ROWS = 20_000
+INLINE_DELETED_ROWS = 5_000
 """Up to this many deleted rows in one scan, the row indexes go in the plan; beyond it, in a side table."""
 
 BROADCAST_DELETED_ROWS = 4_000_000
@@ -136,19 +138,31 @@ def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame,
         T.StructType(
             [
                 T.StructField(FILE_NAME_COL, T.StringType(), False),
-                T.StructField(_FILE_NUMBER_COL, T.IntegerType(), False),
+                T.StructField(_FILE_NUMBER_COL, T.LongType(), False),
             ]
         ),
     )
-    side = spark.createDataFrame(_deleted_rows_table(vectors))
-    if total <= BROADCAST_DELETED_ROWS:
-        side = F.broadcast(side)
     numbered = scan.join(F.broadcast(numbers), on=FILE_NAME_COL, how="inner")
-    kept = numbered.join(
-        side,
-        (numbered[_FILE_NUMBER_COL] == side[_FILE_NUMBER_COL]) & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
-        how="left_anti",
-    )
+    side = spark.createDataFrame(_deleted_rows_table(vectors))
+    broadcast = total <= BROADCAST_DELETED_ROWS
+    widest = max((rows.max() for _, rows in vectors if rows), default=0)
+    if widest < 1 << _ROW_BITS and len(vectors) < 1 << (63 - _ROW_BITS):
+        # One long key (file number, row index) hashes and compares faster than the pair.
+        keyed = numbered.withColumn(
+            _DELETED_ROW_COL, F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL)
+        )
+        keys = side.select(
+            (F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(_DELETED_ROW_COL)).alias(_DELETED_ROW_COL)
+        )
+        kept = keyed.join(F.broadcast(keys) if broadcast else keys, on=_DELETED_ROW_COL, how="left_anti")
+    else:
+        side = F.broadcast(side) if broadcast else side
+        kept = numbered.join(
+            side,
+            (numbered[_FILE_NUMBER_COL] == side[_FILE_NUMBER_COL])
+            & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
+            how="left_anti",
+        )
     return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
 
 
@@ -159,10 +173,10 @@ def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
     for number, (_, bitmap) in enumerate(vectors):
         values = np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
         rows.append(values)
-        numbers.append(np.full(len(values), number, dtype=np.int32))
+        numbers.append(np.full(len(values), number, dtype=np.int64))
     return pa.table(
         {
-            _FILE_NUMBER_COL: pa.array(np.concatenate(numbers), pa.int32()),
+            _FILE_NUMBER_COL: pa.array(np.concatenate(numbers), pa.int64()),
             _DELETED_ROW_COL: pa.array(np.concatenate(rows), pa.int64()),
         }
     )

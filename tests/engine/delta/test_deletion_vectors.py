@@ -241,12 +241,14 @@ def test_scan_drops_deleted_rows(spark: SparkSession, lake: Path, storage: str) 
         assert sorted(r["id"] for r in rows) == expected
 
 
-@pytest.mark.parametrize("inline_limit", [0, 1_000_000])
-def test_scan_drops_deleted_rows_of_a_partitioned_table_both_ways(
-    spark: SparkSession, lake: Path, inline_limit: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("inline_limit", "row_bits"), [(0, 40), (0, 4), (1_000_000, 40)])
+def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
+    spark: SparkSession, lake: Path, inline_limit: int, row_bits: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The plan-inline filter and the side-table anti-join give the same rows; partition values still join."""
+    """The plan-inline filter and the side-table anti-join (on one long key, or on the pair when row indexes
+    are too wide for it) give the same rows; partition values still join."""
     monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", inline_limit)
+    monkeypatch.setattr(scan_module, "_ROW_BITS", row_bits)
     path = lake / "parted"
     data = _rows(0, 3000).append_column("part", pa.array([["a b", "c"][i % 2] for i in range(3000)]))
     write_deltalake(str(path), data, partition_by=["part"])
