@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.errors import CorruptLogError
 from engine.delta.paths import log_path_to_local
 from engine.delta.values import field_at, leaf_fields, normalize_stat_value, put_at_path, stat_value_json
@@ -27,17 +28,25 @@ def now_millis() -> int:
 @dataclass(frozen=True)
 class FileStats:
     """Delta's per-file statistics: ``numRecords``, ``minValues``, ``maxValues``, ``nullCount``; nested dicts for
-    struct columns, keyed by (physical = logical) column name. Values are typed (see engine.delta.values)."""
+    struct columns, keyed by (physical = logical) column name. Values are typed (see engine.delta.values).
+
+    A file with a deletion vector keeps the statistics of its physical rows: ``numRecords`` counts them all, and
+    with ``tightBounds`` false min/max are bounds of the live rows and ``nullCount`` tells only "none" (0) or
+    "all" (``numRecords``) (PROTOCOL.md "Per-file Statistics"). Data skipping asks exactly those questions."""
 
     num_records: int | None
     min_values: Mapping[str, Any] = field(default_factory=dict)
     max_values: Mapping[str, Any] = field(default_factory=dict)
     null_count: Mapping[str, Any] = field(default_factory=dict)
+    tight_bounds: bool | None = None
+    """None when the statistics do not say, which the protocol reads as true."""
 
     def to_json(self) -> str:
         parts = []
         if self.num_records is not None:
             parts.append(f'"numRecords":{self.num_records}')
+        if self.tight_bounds is not None:
+            parts.append(f'"tightBounds":{"true" if self.tight_bounds else "false"}')
         for key, values in (
             ("minValues", self.min_values),
             ("maxValues", self.max_values),
@@ -59,11 +68,13 @@ class FileStats:
         if not isinstance(raw, dict):
             return None
         num = raw.get("numRecords")
+        tight = raw.get("tightBounds")
         return FileStats(
             num_records=int(num) if isinstance(num, (int, Decimal)) else None,
             min_values=typed_stats(raw.get("minValues"), schema),
             max_values=typed_stats(raw.get("maxValues"), schema),
             null_count=_int_stats(raw.get("nullCount")),
+            tight_bounds=tight if isinstance(tight, bool) else None,
         )
 
     def value(self, kind: str, path: Sequence[str]) -> Any:
@@ -130,6 +141,8 @@ class RemoveFile:
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
     size: int | None = None
     tags: Mapping[str, str] | None = None
+    deletion_vector: DeletionVectorDescriptor | None = None
+    """The vector of the logical file removed: readers and conflict checks tell file versions apart by it."""
 
     def __hash__(self) -> int:
         return hash(("remove", self.path))
@@ -146,6 +159,8 @@ class RemoveFile:
             body["size"] = self.size
         if self.tags:
             body["tags"] = dict(self.tags)
+        if self.deletion_vector is not None:
+            body["deletionVector"] = self.deletion_vector.to_json()
         return {"remove": body}
 
 
@@ -160,6 +175,8 @@ class AddFile:
     data_change: bool = True
     stats: FileStats | None = None
     tags: Mapping[str, str] | None = None
+    deletion_vector: DeletionVectorDescriptor | None = None
+    """The rows of the data file that are logically deleted (None: every row is live)."""
 
     def __hash__(self) -> int:
         return hash(("add", self.path))
@@ -167,6 +184,17 @@ class AddFile:
     def absolute_path(self, root: str) -> str:
         """The decoded local path of the file under the table root ``root``."""
         return log_path_to_local(self.path, root)
+
+    @property
+    def num_deleted_rows(self) -> int:
+        return 0 if self.deletion_vector is None else self.deletion_vector.cardinality
+
+    @property
+    def num_live_records(self) -> int | None:
+        """The logical file's rows: the statistics' physical ``numRecords`` less the deletion vector's."""
+        if self.stats is None or self.stats.num_records is None:
+            return None
+        return self.stats.num_records - self.num_deleted_rows
 
     def to_remove(self, deletion_timestamp: int | None = None, *, data_change: bool = True) -> RemoveFile:
         return RemoveFile(
@@ -177,6 +205,7 @@ class AddFile:
             partition_values=dict(self.partition_values),
             size=self.size,
             tags=self.tags,
+            deletion_vector=self.deletion_vector,
         )
 
     def to_action(self) -> dict[str, Any]:
@@ -191,6 +220,8 @@ class AddFile:
             body["stats"] = self.stats.to_json()
         if self.tags:
             body["tags"] = dict(self.tags)
+        if self.deletion_vector is not None:
+            body["deletionVector"] = self.deletion_vector.to_json()
         return {"add": body}
 
 
@@ -336,12 +367,14 @@ Action = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransactio
 
 
 def known_num_records(files: Sequence[AddFile]) -> int | None:
-    """The rows in ``files`` from their statistics; None when a file has no row count."""
+    """The live rows in ``files`` from their statistics and deletion vectors; None when a file has no row
+    count."""
     total = 0
     for f in files:
-        if f.stats is None or f.stats.num_records is None:
+        live = f.num_live_records
+        if live is None:
             return None
-        total += f.stats.num_records
+        total += live
     return total
 
 
@@ -399,10 +432,9 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
                     data_change=bool(body.get("dataChange", True)),
                     stats=FileStats.from_json(body.get("stats"), schema),
                     tags=body.get("tags"),
+                    deletion_vector=_descriptor(version, number, body),
                 )
             )
-            if body.get("deletionVector"):
-                other.append("deletionVector")
         elif kind == "remove":
             removes.append(
                 RemoveFile(
@@ -413,6 +445,7 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
                     partition_values=dict(body.get("partitionValues") or {}),
                     size=body.get("size"),
                     tags=body.get("tags"),
+                    deletion_vector=_descriptor(version, number, body),
                 )
             )
         elif kind == "cdc":
@@ -438,6 +471,18 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
     return CommitEntry(
         version, tuple(adds), tuple(removes), tuple(cdcs), metadata, protocol, tuple(txns), commit_info, tuple(other)
     )
+
+
+def _descriptor(version: int, number: int, body: Mapping[str, Any]) -> DeletionVectorDescriptor | None:
+    raw = body.get("deletionVector")
+    if not raw:
+        return None
+    if not isinstance(raw, Mapping):
+        raise CorruptLogError(f"Commit {version}, line {number}: deletionVector is not a struct")
+    try:
+        return DeletionVectorDescriptor.from_json(raw)
+    except DeletionVectorError as exc:
+        raise CorruptLogError(f"Commit {version}, line {number}: {exc}") from exc
 
 
 def actions_to_json_lines(actions: Sequence[Mapping[str, Any]]) -> bytes:

@@ -2,7 +2,9 @@
 
 The rule: never write a table whose rules we would break. A feature is accepted when it is implemented:
 appendOnly, changeDataFeed, timestampNtz, allowColumnDefaults (``DEFAULT_KEY``, for the writer of new rows to
-fill in), and the row rules of invariants, checkConstraints and generatedColumns, which every write enforces
+fill in), deletionVectors (every scan drops the rows a file's vector deletes, and a rewrite of such a file drops
+them for good: copy-on-write, which the protocol allows even where ``delta.enableDeletionVectors`` is true), and
+the row rules of invariants, checkConstraints and generatedColumns, which every write enforces
 (see ``constraints``). It is also accepted when the table does not actually use it (a legacy protocol version
 implies identity columns and column mapping: those are refused only when the schema or properties use them).
 Unknown features are refused.
@@ -30,6 +32,7 @@ IMPLEMENTED_FEATURES = frozenset(
         "checkConstraints",
         "generatedColumns",
         "allowColumnDefaults",
+        "deletionVectors",
     }
 )
 """Features whose rules this layer follows."""
@@ -37,7 +40,7 @@ IMPLEMENTED_FEATURES = frozenset(
 DEFAULT_KEY = "CURRENT_DEFAULT"
 """Field metadata of allowColumnDefaults: the SQL of the value an INSERT gives a column it names no value for."""
 
-USE_CHECKED_FEATURES = frozenset({"identityColumns", "columnMapping", "deletionVectors", "variantType"})
+USE_CHECKED_FEATURES = frozenset({"identityColumns", "columnMapping", "variantType"})
 """Features accepted while the table does not use them (checked against metadata and files)."""
 
 _TRUE = "true"
@@ -77,8 +80,6 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     mode = str(config.get("delta.columnMapping.mode", "none")).strip().lower()
     if mode not in ("", "none"):
         used["columnMapping"] = f"delta.columnMapping.mode = {mode}"
-    # delta.enableDeletionVectors only allows writers to mark rows deleted; this layer rewrites files instead,
-    # which the protocol allows. Files that carry deletion vectors are what it cannot read (check_supported).
     for key, feature in (
         ("delta.enableRowTracking", "rowTracking"),
         ("delta.enableInCommitTimestamps", "inCommitTimestamp"),
@@ -137,9 +138,7 @@ def protocol_features(protocol: Protocol) -> set[str]:
     return features
 
 
-def check_protocol_and_metadata(
-    protocol: Protocol, metadata: Metadata, *, has_deletion_vectors: bool = False, where: str = ""
-) -> None:
+def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, where: str = "") -> None:
     """Raise UnsupportedTableFeatureError naming the first feature we cannot honour."""
     suffix = f" ({where})" if where else ""
     if protocol.min_reader_version > MAX_READER_VERSION:
@@ -154,8 +153,6 @@ def check_protocol_and_metadata(
         )
     enabled = protocol_features(protocol)
     used = features_in_use(metadata)
-    if has_deletion_vectors:
-        used["deletionVectors"] = "files carry deletion vectors"
     for feature, evidence in sorted(used.items()):
         if feature not in IMPLEMENTED_FEATURES:
             raise UnsupportedTableFeatureError(
@@ -172,9 +169,7 @@ def check_protocol_and_metadata(
 
 def check_supported(snapshot: Any) -> None:
     """Protocol gate for reading and writing a snapshot's table (see the module docstring)."""
-    check_protocol_and_metadata(
-        snapshot.protocol, snapshot.metadata, has_deletion_vectors=snapshot.has_deletion_vectors, where=snapshot.root
-    )
+    check_protocol_and_metadata(snapshot.protocol, snapshot.metadata, where=snapshot.root)
 
 
 def is_append_only(metadata: Metadata) -> bool:

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, unquote, urlparse
-from uuid import UUID
 
 from engine.errors import DeltaError
 
@@ -119,35 +117,3 @@ class ReadScope:
                 "it is not read."
             )
         return local_path
-
-
-_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-
-
-def _z85_decode(text: str) -> bytes:
-    out = bytearray()
-    for start in range(0, len(text), 5):
-        value = 0
-        for char in text[start : start + 5]:
-            value = value * 85 + _Z85.index(char)
-        out += value.to_bytes(4, "big")
-    return bytes(out)
-
-
-def deletion_vector_path(descriptor: Mapping[str, Any], root: str) -> str | None:
-    """The local path of the file a deletion vector descriptor names (Delta's ``DeletionVectorDescriptor``):
-    ``u`` is a UUID under the table root (with an optional directory prefix), ``p`` an absolute path, ``i``
-    inline (no file)."""
-    kind = descriptor.get("storageType")
-    value = str(descriptor.get("pathOrInlineDv") or "")
-    if kind == "i":
-        return None
-    if kind == "p":
-        return log_path_to_local(value, root)
-    if kind == "u" and len(value) >= 20:
-        try:
-            uuid = UUID(bytes=_z85_decode(value[-20:]))
-        except (ValueError, OverflowError):
-            raise DeltaError(f"{root}: the deletion vector {value!r} has no valid UUID") from None
-        return os.path.join(root, value[:-20], f"deletion_vector_{uuid}.bin")
-    raise DeltaError(f"{root}: unknown deletion vector storage {kind!r} for {value!r}")

@@ -3,6 +3,13 @@
 Partition columns are not stored in the files: their values come from the log, joined in by file path from a
 small broadcast DataFrame (one row per file; cheap for thousands of files, unlike a CASE over paths). The join
 is checked: a row whose file path does not map back fails the query instead of vanishing.
+
+Rows a file's deletion vector deletes never leave the scan (PROTOCOL.md "Reader Requirements for Deletion
+Vectors"). Files without a vector are read as before; files with one are read with their log path and Parquet
+row index, and their deleted rows dropped there: a plan-inline ``row_index IN (...)`` per file while the scan's
+vectors hold few rows (Spark turns each list into a hash set), and beyond that an anti-join with a side table
+of (file number, row index) built from Arrow, so a vector of millions of rows costs a hash probe per row, not a
+plan of millions of literals.
 """
 
 from __future__ import annotations
@@ -12,11 +19,15 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 from urllib.parse import unquote
 
+import numpy as np
+import pyarrow as pa
+from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
+from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
 from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
 from engine.delta.snapshot import Snapshot
@@ -28,6 +39,16 @@ FILE_PATH_COL = "_file_path_"
 _LOCAL_PATH_COL = "__delta_local_path"
 _UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
+_FILE_NUMBER_COL = "__delta_dv_file"
+_DELETED_ROW_COL = "__delta_dv_row"
+_ROW_BITS = 40
+"""Row indexes below 2**40 (every Parquet file there is) share one long key with their file's number."""
+
+INLINE_DELETED_ROWS = 5_000
+"""Up to this many deleted rows in one scan, the row indexes go in the plan; beyond it, in a side table."""
+
+BROADCAST_DELETED_ROWS = 4_000_000
+"""Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
 
 
 def scan_schema(snapshot: Snapshot) -> T.StructType:
@@ -77,11 +98,98 @@ def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable
 
 
 def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], file_columns: FileColumns) -> DataFrame:
+    unique = list({f.path: f for f in files}.values())
+    with_vectors = [f for f in unique if f.deletion_vector is not None]
+    if not with_vectors:
+        return _scan_stored(spark, snapshot, unique, file_columns)
+    live = _drop_deleted_rows(
+        spark, snapshot, _scan_stored(spark, snapshot, with_vectors, "name_and_row_index"), with_vectors
+    )
+    table_columns = [F.col(f"`{f.name}`") for f in snapshot.spark_schema.fields]
+    if file_columns == "none":
+        live = live.select(*table_columns)
+    elif file_columns == "path":
+        # files_at_paths maps log paths back as well as Spark's URIs.
+        live = live.select(*table_columns, F.col(FILE_NAME_COL).alias(FILE_PATH_COL))
+    without = [f for f in unique if f.deletion_vector is None]
+    if not without:
+        return live
+    return _scan_stored(spark, snapshot, without, file_columns).unionByName(live)
+
+
+def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame, files: Sequence[AddFile]) -> DataFrame:
+    """``scan`` (with ``_file_name_`` and ``_row_index_``) without the rows the files' deletion vectors delete."""
+    vectors = []
+    for add in files:
+        assert add.deletion_vector is not None
+        vectors.append((add.path, read_deletion_vector(add.deletion_vector, snapshot.root)))
+    total = sum(len(rows) for _, rows in vectors)
+    if total == 0:
+        return scan
+    if total <= INLINE_DELETED_ROWS:
+        # One CASE over the files (few: only those with vectors), each branch a hash set of row indexes.
+        deleted = F.lit(False)
+        for path, rows in reversed(vectors):
+            if rows:
+                deleted = F.when(F.col(FILE_NAME_COL) == path, F.col(ROW_INDEX_COL).isin(list(rows))).otherwise(deleted)
+        return scan.where(~deleted)
+    numbers = spark.createDataFrame(
+        [(path, number) for number, (path, _) in enumerate(vectors)],
+        T.StructType(
+            [
+                T.StructField(FILE_NAME_COL, T.StringType(), False),
+                T.StructField(_FILE_NUMBER_COL, T.LongType(), False),
+            ]
+        ),
+    )
+    numbered = scan.join(F.broadcast(numbers), on=FILE_NAME_COL, how="inner")
+    side = spark.createDataFrame(_deleted_rows_table(vectors))
+    broadcast = total <= BROADCAST_DELETED_ROWS
+    widest = max((rows.max() for _, rows in vectors if rows), default=0)
+    if widest < 1 << _ROW_BITS and len(vectors) < 1 << (63 - _ROW_BITS):
+        # One long key (file number, row index) hashes and compares faster than the pair.
+        keyed = numbered.withColumn(
+            _DELETED_ROW_COL, F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL)
+        )
+        keys = side.select(
+            (F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(_DELETED_ROW_COL)).alias(_DELETED_ROW_COL)
+        )
+        kept = keyed.join(F.broadcast(keys) if broadcast else keys, on=_DELETED_ROW_COL, how="left_anti")
+    else:
+        side = F.broadcast(side) if broadcast else side
+        kept = numbered.join(
+            side,
+            (numbered[_FILE_NUMBER_COL] == side[_FILE_NUMBER_COL])
+            & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
+            how="left_anti",
+        )
+    return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
+
+
+def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
+    """(file number, row index) for every deleted row, built column-wise without a Python object per row."""
+    numbers = []
+    rows = []
+    for number, (_, bitmap) in enumerate(vectors):
+        values = np.frombuffer(bitmap.to_array(), dtype=np.uint64).astype(np.int64)
+        rows.append(values)
+        numbers.append(np.full(len(values), number, dtype=np.int64))
+    return pa.table(
+        {
+            _FILE_NUMBER_COL: pa.array(np.concatenate(numbers), pa.int64()),
+            _DELETED_ROW_COL: pa.array(np.concatenate(rows), pa.int64()),
+        }
+    )
+
+
+def _scan_stored(
+    spark: SparkSession, snapshot: Snapshot, unique: Sequence[AddFile], file_columns: FileColumns
+) -> DataFrame:
+    """The rows of distinct ``unique`` files as stored, deletion vectors not applied."""
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
-    unique = list({f.path: f for f in files}.values())
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
         if file_columns == "path":

@@ -10,17 +10,17 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
-from engine.delta.paths import ReadScope, deletion_vector_path, normalize_table
+from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
+from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
 from engine.delta.values import (
     leaf_fields,
@@ -30,6 +30,9 @@ from engine.delta.values import (
 )
 from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
 
+DEFAULT_CHECKPOINT_INTERVAL = 10
+_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+_COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 _UNREADABLE_ROOT_CHARS = ("[", "]", "%")
 """deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
@@ -150,8 +153,9 @@ def load_snapshot(
     files = _files(dt, schema, metadata.partition_columns)
     has_dvs = False
     if "deletionVectors" in (protocol.reader_features or ()):
-        _check_deletion_vector_paths(root, ReadScope(root, lake_roots))
-        has_dvs = _has_deletion_vectors(dt)
+        files = _with_deletion_vectors(files, root, int(dt.version()))
+        _check_deletion_vector_paths(files, root, ReadScope(root, lake_roots))
+        has_dvs = any(f.deletion_vector is not None for f in files)
     return Snapshot(
         table_uri=table_uri,
         root=root,
@@ -165,78 +169,92 @@ def load_snapshot(
     )
 
 
-def _has_deletion_vectors(dt: Any) -> bool:
-    """Whether any live file has a deletion vector. deltalake's add actions do not show them, so ask for the
-    vectors themselves (only for tables whose protocol allows them); failing to tell counts as yes."""
+def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:
+    """``files`` with their deletion vector descriptors and ``tightBounds``. deltalake's add actions show
+    neither, so the log is replayed for them: the newest checkpoint at or before ``version``, then the commits
+    after it (PROTOCOL.md "Action Reconciliation": the last add or remove of a path wins)."""
     try:
-        return pa.table(dt.deletion_vectors()).num_rows > 0
-    except Exception:
-        return True
-
-
-_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\..+)?\.(parquet|json)$")
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
-
-
-def _check_deletion_vector_paths(root: str, scope: ReadScope) -> None:
-    """Every deletion vector file the log names must be in the read scope: deltalake opens them to tell whether
-    any file has one. Reads the adds of the latest checkpoint (and its sidecars) and of the commits after it;
-    adds no longer live are checked too, which only refuses a table whose log once named a file outside."""
-    try:
-        descriptors = _deletion_vector_descriptors(os.path.join(root, "_delta_log"))
+        replayed = _replay_deletion_vectors(root, version)
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         raise DeltaError(f"Cannot read the deletion vectors of table {root}: {type(exc).__name__}") from exc
-    for descriptor in descriptors:
-        path = deletion_vector_path(descriptor, root)
-        if path is not None:
-            scope.check(path, str(descriptor.get("pathOrInlineDv")))
+    out = []
+    for add in files:
+        descriptor, tight = replayed.get(add.path, (None, None))
+        stats = add.stats if add.stats is None or tight is None else replace(add.stats, tight_bounds=tight)
+        out.append(replace(add, deletion_vector=descriptor, stats=stats))
+    return tuple(out)
 
 
-def _deletion_vector_descriptors(log: str) -> list[Mapping[str, Any]]:
-    names = os.listdir(log)
-    checkpoints = [(int(m.group(1)), n) for n in names if (m := _CHECKPOINT_FILE.match(n))]
-    start = max((v for v, _ in checkpoints), default=-1)
-    found: list[Mapping[str, Any]] = []
-    for version, name in checkpoints:
-        if version == start:
-            found += _checkpoint_descriptors(log, os.path.join(log, name))
+def _replay_deletion_vectors(root: str, version: int) -> dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]:
+    """Live path -> (its deletion vector, its statistics' ``tightBounds``) at ``version``."""
+    log_dir = os.path.join(root, "_delta_log")
+    names = os.listdir(log_dir)
+    start, parts = _newest_checkpoint(names, version)
+    live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]] = {}
+    for part in parts:
+        _replay_checkpoint(os.path.join(log_dir, part), live)
+    commits = sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
+    for number in commits:
+        if start < number <= version:
+            with open(os.path.join(log_dir, f"{number:020d}.json"), encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        _apply(json.loads(line), live)
+    return live
+
+
+def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
+    """(version, part file names) of the newest complete classic checkpoint at or before ``version``."""
+    found: dict[tuple[int, int], list[str]] = {}
     for name in names:
-        match = _COMMIT_FILE.match(name)
-        if match and int(match.group(1)) > start:
-            with open(os.path.join(log, name), encoding="utf-8") as f:
-                found += _json_descriptors(f.read())
-    return found
+        m = _CHECKPOINT_NAME.match(name)
+        if m and int(m.group(1)) <= version:
+            found.setdefault((int(m.group(1)), int(m.group(3) or 1)), []).append(name)
+    complete = [(v, n) for (v, n), parts in found.items() if len(parts) == n]
+    if not complete:
+        return -1, []
+    best = max(complete)
+    return best[0], sorted(found[best])
 
 
-def _json_descriptors(text: str) -> list[Mapping[str, Any]]:
-    found: list[Mapping[str, Any]] = []
-    for line in text.splitlines():
-        if '"deletionVector"' not in line:
-            continue
-        action = json.loads(line)
-        dv = (action.get("add") or {}).get("deletionVector") if isinstance(action, dict) else None
-        if isinstance(dv, dict):
-            found.append(dv)
-    return found
+def _replay_checkpoint(path: str, live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
+
+    adds = pq.read_table(path, columns=["add"]).column("add").to_pylist()
+    for add in adds:
+        if add:
+            _apply({"add": add}, live)
 
 
-def _checkpoint_descriptors(log: str, path: str) -> list[Mapping[str, Any]]:
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        sidecars = [json.loads(line)["sidecar"]["path"] for line in text.splitlines() if '"sidecar"' in line]
-        found = _json_descriptors(text)
-    else:
-        schema = pq.read_schema(path)
-        columns = [c for c in ("add", "sidecar") if c in schema.names]
-        table = pq.read_table(path, columns=columns)
-        found = []
-        if "add" in columns:
-            found = [a["deletionVector"] for a in table.column("add").to_pylist() if a and a.get("deletionVector")]
-        sidecars = [s["path"] for s in table.column("sidecar").to_pylist() if s] if "sidecar" in columns else []
-    for sidecar in sidecars:
-        found += _checkpoint_descriptors(log, os.path.join(log, "_sidecars", os.path.basename(unquote(sidecar))))
-    return found
+def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
+    if "add" in action:
+        body = action["add"]
+        raw = body.get("deletionVector")
+        try:
+            descriptor = DeletionVectorDescriptor.from_json(raw) if raw else None
+        except DeletionVectorError as exc:
+            raise DeltaError(f"File {body.get('path')!r} has a malformed deletion vector: {exc}") from exc
+        live[body["path"]] = (descriptor, _tight_bounds(body.get("stats")))
+    elif "remove" in action:
+        live.pop(action["remove"]["path"], None)
+
+
+def _tight_bounds(stats: Any) -> bool | None:
+    if not isinstance(stats, str) or "tightBounds" not in stats:
+        return None
+    try:
+        value = json.loads(stats).get("tightBounds")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def _check_deletion_vector_paths(files: Sequence[AddFile], root: str, scope: ReadScope) -> None:
+    """Every deletion vector file a live file names must lie in the read scope, as its data file must: a log is
+    data, and a ``p`` path or a ``u`` prefix must not take a read outside the lake."""
+    for add in files:
+        dv = add.deletion_vector
+        if dv is not None and not dv.is_inline:
+            scope.check(dv.absolute_path(root), dv.path_or_inline_dv)
 
 
 def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[AddFile, ...]:

@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from engine import RowsSource, TableSource, expressions, parse_merge_sql, run_merge
-from engine.delta.paths import deletion_vector_path
+from engine.delta.deletion_vectors import DeletionVectorDescriptor
 from engine.delta.snapshot import load_snapshot
 from engine.errors import DeltaError, MergeServiceEngineError, MergeSpecError, SourceError
 from engine.expressions import validate_spec
@@ -433,13 +433,11 @@ def test_a_deletion_vector_in_the_table_is_no_path_error(lake: Path) -> None:
 
 def test_deletion_vector_paths_follow_the_protocol() -> None:
     """The example of Delta's PROTOCOL.md: ``ab^-aqEH.-t@S}K{vb[*k^`` relative to a table."""
-    assert deletion_vector_path({"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^"}, "/t") == (
-        "/t/ab/deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin"
-    )
-    assert deletion_vector_path({"storageType": "p", "pathOrInlineDv": "file:///x/dv.bin"}, "/t") == "/x/dv.bin"
-    assert (
-        deletion_vector_path(
-            {"storageType": "i", "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L"}, "/t"
-        )
-        is None
-    )
+
+    def path(storage: str, value: str) -> str:
+        return DeletionVectorDescriptor(storage, value, size_in_bytes=40, cardinality=6).absolute_path("/t")
+
+    assert path("u", "ab^-aqEH.-t@S}K{vb[*k^") == "/t/ab/deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin"
+    assert path("p", "file:///x/dv.bin") == "/x/dv.bin"
+    inline = DeletionVectorDescriptor("i", "wi5b=000010000siXQKl0rr91000f55c8Xg0@@D72lkbi5=-{L", 40, 6)
+    assert inline.is_inline

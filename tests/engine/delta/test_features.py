@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from engine.delta import Protocol, Transaction, check_can_modify, check_supported, load_snapshot
+from engine.delta.deletion_vectors import inline_descriptor
 from engine.delta.features import check_protocol_and_metadata
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
@@ -91,7 +92,7 @@ def test_tables_deltalake_makes(lake: Path) -> None:
     write_deltalake(dv, DATA, configuration={"delta.enableDeletionVectors": "true"})
     snapshot = load_snapshot(dv)
     assert "deletionVectors" in (snapshot.protocol.writer_features or ())
-    check_supported(snapshot)  # allowed, not used: no file carries one (test_deletion_vectors_on_files_are_refused)
+    check_supported(snapshot)
     mapping = str(lake / "mapping")
     write_deltalake(mapping, DATA, configuration={"delta.columnMapping.mode": "name"})
     _refused(mapping, "columnMapping")
@@ -229,7 +230,7 @@ def test_table_features_accepted_while_unused(lake: Path) -> None:
     Transaction(snapshot)  # a transaction checks the gate too
 
 
-def test_deletion_vectors_on_files_are_refused(lake: Path) -> None:
+def test_deletion_vectors_on_files_are_read(lake: Path) -> None:
     path = _hand_made(
         lake,
         _features("deletionVectors", reader=("deletionVectors",)),
@@ -242,16 +243,12 @@ def test_deletion_vectors_on_files_are_refused(lake: Path) -> None:
                     "modificationTime": 0,
                     "dataChange": True,
                     "stats": '{"numRecords":2}',
-                    "deletionVector": {
-                        "storageType": "i",
-                        "pathOrInlineDv": "wi5b=000010000siXQKl0rr91000f",
-                        "offset": 1,
-                        "sizeInBytes": 36,
-                        "cardinality": 1,
-                    },
+                    "deletionVector": inline_descriptor([1]).to_json(),
                 }
             }
         ],
     )
     pa.parquet.write_table(DATA, str(Path(path) / "part-0.parquet"))
-    _refused(path, "deletionVectors")
+    snapshot = load_snapshot(path)
+    check_supported(snapshot)  # the scans drop the deleted rows (test_deletion_vectors.py)
+    assert snapshot.files[0].num_live_records == 1
