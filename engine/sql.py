@@ -13,8 +13,10 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
+from engine.delta.names import quote_identifier, quote_path
 from engine.errors import MergeSpecError
 from engine.expressions import DIALECT, sql
+from engine.identifiers import quote_merge_names
 from engine.spec import (
     Action,
     DeleteAction,
@@ -74,15 +76,33 @@ def _source(using: exp.Expression) -> Source:
     raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
 
 
+_PLAIN_NAME = re.compile(r"\w+")
+
+
+def _column_parts(column: exp.Expression, where: str) -> list[str]:
+    """The name parts of a column an assignment or an INSERT column list names."""
+    if not isinstance(column, exp.Column) or not all(isinstance(p, exp.Identifier) for p in column.parts):
+        raise MergeSpecError(f"{where}: expected a column name, got {sql(column)!r}.")
+    return [str(p.name) for p in column.parts]
+
+
+def _column_key(parts: list[str]) -> str:
+    """A column path as the spec holds it, a part backquoted unless it is a plain word: read back by
+    ``column_path``, it names the same parts whatever characters or keywords they are."""
+    return ".".join(n if _PLAIN_NAME.fullmatch(n) else quote_identifier(n) for n in parts)
+
+
 def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
     result: dict[str, str] = {}
+    seen: set[tuple[str, ...]] = set()
     for pair in pairs:
         if not isinstance(pair, exp.EQ) or not isinstance(pair.left, exp.Column):
             raise MergeSpecError(f"{where}: expected column = expression, got {sql(pair)!r}.")
-        column = sql(pair.left)
-        if column in result:
-            raise MergeSpecError(f"{where}: the column {column!r} is assigned twice.")
-        result[column] = sql(pair.right)
+        parts = _column_parts(pair.left, where)
+        if tuple(p.lower() for p in parts) in seen:
+            raise MergeSpecError(f"{where}: the column {quote_path(parts)} is assigned twice.")
+        seen.add(tuple(p.lower() for p in parts))
+        result[_column_key(parts)] = sql(pair.right)
     return result
 
 
@@ -111,7 +131,7 @@ def _action(when: exp.When, where: str) -> Action:
         values = then.expression.expressions if isinstance(then.expression, exp.Tuple) else []
         if not columns or len(columns) != len(values):
             raise MergeSpecError(f"{where}: INSERT needs a column list and as many VALUES.")
-        names = [sql(c) for c in columns]
+        names = [_column_key(_column_parts(c, where)) for c in columns]
         if len({n.lower() for n in names}) != len(names):
             raise MergeSpecError(f"{where}: a column appears twice in the INSERT column list.")
         return InsertAction(values=dict(zip(names, (sql(v) for v in values), strict=True)))
@@ -150,7 +170,7 @@ def parse_merge_sql(text: str) -> MergeSpec:
     ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
     text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
     try:
-        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(quote_merge_names(text), read=DIALECT) if s is not None]
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
         raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}") from None
