@@ -20,6 +20,22 @@ from sqlglot.tokens import Token, TokenType
 from engine.delta.names import quote_identifier
 
 _WORD = re.compile(r"\w+")
+
+
+class InvalidIdentifierError(ValueError):
+    """An unquoted name Spark's parser refuses (Spark's ``INVALID_IDENTIFIER``)."""
+
+
+def _check_unquoted(tokens: list[Token]) -> None:
+    """Spark reads unquoted names of ASCII letters, digits and underscores only; others must be backquoted."""
+    for token in tokens:
+        if _is_word(token) and not token.text.isascii():
+            raise InvalidIdentifierError(
+                f"[INVALID_IDENTIFIER] The unquoted identifier {token.text} is invalid and must be back quoted as: "
+                f"{quote_identifier(token.text)}."
+            )
+
+
 _NAME_BEFORE_DOT = frozenset({TokenType.IDENTIFIER, TokenType.R_PAREN, TokenType.R_BRACKET})
 
 
@@ -36,9 +52,11 @@ def _is_keyword(token: Token) -> bool:
 
 def _tokens(text: str) -> list[Token] | None:
     try:
-        return list(Spark().tokenize(text))
+        tokens = list(Spark().tokenize(text))
     except TokenError:
         return None  # the parser reports the text's own error
+    _check_unquoted(tokens)
+    return tokens
 
 
 def _dereferenced(tokens: list[Token]) -> set[int]:
@@ -119,13 +137,15 @@ def _quoted(text: str, tokens: list[Token], marked: set[int]) -> str:
 
 
 def quote_dereferenced_names(text: str) -> str:
-    """An expression with every word after ``name.`` backquoted (``s.select`` -> ``s.`select```)."""
+    """An expression with every word after ``name.`` backquoted (``s.select`` -> ``s.`select```); raises
+    InvalidIdentifierError for an unquoted name Spark refuses."""
     tokens = _tokens(text)
     return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens))
 
 
 def quote_merge_names(text: str) -> str:
     """A MERGE statement with the words Spark reads as names whatever they are backquoted: after ``name.``, in
-    the keys of UPDATE SET and in INSERT column lists."""
+    the keys of UPDATE SET and in INSERT column lists; raises InvalidIdentifierError for an unquoted name Spark
+    refuses."""
     tokens = _tokens(text)
     return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens) | _assigned(tokens))

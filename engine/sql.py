@@ -16,7 +16,7 @@ from sqlglot.errors import ParseError
 from engine.delta.names import quote_identifier, quote_path
 from engine.errors import MergeSpecError
 from engine.expressions import DIALECT, sql
-from engine.identifiers import quote_merge_names
+from engine.identifiers import InvalidIdentifierError, quote_merge_names
 from engine.spec import (
     Action,
     DeleteAction,
@@ -170,7 +170,11 @@ def parse_merge_sql(text: str) -> MergeSpec:
     ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
     text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
     try:
-        statements = [s for s in sqlglot.parse(quote_merge_names(text), read=DIALECT) if s is not None]
+        text = quote_merge_names(text)
+    except InvalidIdentifierError as exc:
+        raise MergeSpecError(f"sql: {exc}") from None
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
         raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}") from None
