@@ -3,10 +3,10 @@ the text, so that a column called ``comment``, ``select`` or ``null`` is read as
 
 Spark (without ``spark.sql.ansi.enforceReservedKeywords``) takes any keyword as a name where its grammar wants an
 ``identifier``: after a dot (``s.select``), in the column paths an ``UPDATE SET`` assigns and in an ``INSERT``
-column list. sqlglot reads many keywords there as the start of a statement or a literal (``SET null = ...``
-becomes ``SET NULL = ...``), so those words are quoted first; plain names stay as written. A bare keyword
-inside an expression is left to the parser: there Spark itself reads ``null``, ``true`` or ``case`` as what the
-keyword means.
+column list; and a keyword that has no meaning inside an expression (``comment``, ``desc``, ``from``...) is a
+column there too. sqlglot reads many of those words as the start of a statement or a literal (``SET null = ...``
+becomes ``SET NULL = ...``), so they are quoted first; plain names stay as written. A keyword that does mean
+something inside an expression (``null``, ``true``, ``case``, ``not``...) keeps its meaning when bare, as in Spark.
 """
 
 from __future__ import annotations
@@ -37,6 +37,66 @@ def _check_unquoted(tokens: list[Token]) -> None:
 
 
 _NAME_BEFORE_DOT = frozenset({TokenType.IDENTIFIER, TokenType.R_PAREN, TokenType.R_BRACKET})
+
+STATEMENT_WORDS = frozenset(
+    """alter analyze begin cache call comment commit create cross declare delete desc describe drop execute explain
+    fetch for from grant having if inner insert intersect into join lateral load merge minus on outer pivot
+    qualify refresh rename revoke rollback select serdeproperties set show tablesample truncate uncache union
+    unpivot update use using values where while with""".split()  # noqa: SIM905
+)
+"""Spark keywords that sqlglot reads as a clause or statement where Spark reads a column: inside an expression
+they mean nothing else to Spark."""
+
+_COMPARISONS = (
+    TokenType.EQ,
+    TokenType.NEQ,
+    TokenType.GT,
+    TokenType.GTE,
+    TokenType.LT,
+    TokenType.LTE,
+    TokenType.NULLSAFE_EQ,
+    TokenType.PLUS,
+    TokenType.DASH,
+    TokenType.SLASH,
+    TokenType.MOD,
+    TokenType.DPIPE,
+    TokenType.AND,
+    TokenType.OR,
+)
+_BEFORE_OPERAND = frozenset(
+    {
+        TokenType.L_PAREN,
+        TokenType.COMMA,
+        TokenType.STAR,
+        TokenType.NOT,
+        TokenType.WHEN,
+        TokenType.THEN,
+        TokenType.ELSE,
+        *_COMPARISONS,
+    }
+)
+"""Tokens after which an operand starts."""
+_ACTIONS = frozenset({"delete", "update", "insert"})
+"""A MERGE clause's action after THEN, never a column."""
+_AFTER_OPERAND = frozenset(
+    {
+        TokenType.R_PAREN,
+        TokenType.COMMA,
+        TokenType.IS,
+        TokenType.IN,
+        TokenType.NOT,
+        TokenType.BETWEEN,
+        TokenType.LIKE,
+        TokenType.ILIKE,
+        TokenType.RLIKE,
+        TokenType.THEN,
+        TokenType.WHEN,
+        TokenType.ELSE,
+        TokenType.END,
+        *_COMPARISONS,
+    }
+)
+"""Tokens that follow a whole operand (``*`` left out: ``SELECT *`` is no product)."""
 
 
 def _is_word(token: Token) -> bool:
@@ -71,6 +131,35 @@ def _dereferenced(tokens: list[Token]) -> set[int]:
         ):
             found.add(i)
     return found
+
+
+def _bare_operands(tokens: list[Token], start: int = 0) -> set[int]:
+    """Statement words standing alone as an operand from ``tokens[start]`` on: ``from > 1``, ``a = desc``."""
+    found = set()
+    for i in range(start, len(tokens)):
+        token = tokens[i]
+        if not _is_keyword(token) or token.text.lower() not in STATEMENT_WORDS:
+            continue
+        before = tokens[i - 1].token_type if i > start else None
+        after = tokens[i + 1].token_type if i + 1 < len(tokens) else None
+        if before == TokenType.THEN and token.text.lower() in _ACTIONS:
+            continue
+        if (before is None or before in _BEFORE_OPERAND) and (after is None or after in _AFTER_OPERAND):
+            found.add(i)
+    return found
+
+
+def _merge_on(tokens: list[Token]) -> int:
+    """The index of the token after the MERGE's own ON (outside the USING query's parentheses)."""
+    depth = 0
+    for i, token in enumerate(tokens):
+        if token.token_type == TokenType.L_PAREN:
+            depth += 1
+        elif token.token_type == TokenType.R_PAREN:
+            depth -= 1
+        elif token.token_type == TokenType.ON and depth == 0:
+            return i + 1
+    return len(tokens)
 
 
 def _assigned(tokens: list[Token]) -> set[int]:
@@ -137,15 +226,18 @@ def _quoted(text: str, tokens: list[Token], marked: set[int]) -> str:
 
 
 def quote_dereferenced_names(text: str) -> str:
-    """An expression with every word after ``name.`` backquoted (``s.select`` -> ``s.`select```); raises
+    """An expression with every word after ``name.`` and every statement word standing as an operand backquoted
+    (``s.select`` -> ``s.`select```, ``desc > 1`` -> ```desc` > 1``); raises
     InvalidIdentifierError for an unquoted name Spark refuses."""
     tokens = _tokens(text)
-    return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens))
+    return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens) | _bare_operands(tokens))
 
 
 def quote_merge_names(text: str) -> str:
     """A MERGE statement with the words Spark reads as names whatever they are backquoted: after ``name.``, in
-    the keys of UPDATE SET and in INSERT column lists; raises InvalidIdentifierError for an unquoted name Spark
-    refuses."""
+    the keys of UPDATE SET and in INSERT column lists, and statement words standing as operands from ON on.
+    Raises InvalidIdentifierError for an unquoted name Spark refuses."""
     tokens = _tokens(text)
-    return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens) | _assigned(tokens))
+    if tokens is None:
+        return text
+    return _quoted(text, tokens, _dereferenced(tokens) | _assigned(tokens) | _bare_operands(tokens, _merge_on(tokens)))

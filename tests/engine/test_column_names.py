@@ -262,7 +262,8 @@ def test_backticks_in_struct_fields_constraints_statistics_and_change_data(
         # Spark's parser refuses both; the error names the place.
         ("UPDATE SET a`b = s.id", r"^sql: cannot parse the MERGE statement"),
         ("UPDATE SET été = s.id", r"^sql: \[INVALID_IDENTIFIER\] The unquoted identifier été .* `été`"),
-        ("UPDATE SET t.comment = s.comment, COMMENT = 1", r"^sql: clause 1: the column `COMMENT` is assigned twice"),
+        ("UPDATE SET comment = s.comment, COMMENT = 1", r"^sql: clause 1: the column `COMMENT` is assigned twice"),
+        ("UPDATE SET t.comment = 1, COMMENT = 2", r"conflict from these SET columns: `comment` and `comment`"),
     ],
 )
 def test_sql_refuses_names_spark_refuses(statement: str, message: str) -> None:
@@ -276,3 +277,25 @@ def test_unknown_keys_are_named_as_spark_prints_them(spark: SparkSession, tmp_pa
     merge = spec(target, target, "t.id = s.id", MergeClause("matched", UpdateAction(set={"`no``such`.x": "1"})))
     with pytest.raises(MergeResolutionError, match=r"when_matched\[0\]\.set: `no``such`\.`x` is not a column"):
         run_merge(spark, merge)
+
+
+@pytest.mark.parametrize("form", ["structured", "sql"])
+def test_bare_statement_words_are_columns_in_conditions_and_values(
+    spark: SparkSession, tmp_path: Path, form: str
+) -> None:
+    """Spark reads ``comment``, ``desc``, ``select`` and ``from`` standing alone in an expression as columns; a NOT
+    MATCHED clause sees the source only, so they need no qualifier there."""
+    target = write_table(tmp_path / "target", table([1], lambda i: i))
+    source = write_table(tmp_path / "source", table([1, 2, 3], lambda i: 10 * i))
+    merge = spec(
+        target,
+        source,
+        "t.id = s.id",
+        MergeClause(
+            "notMatched",
+            InsertAction(values={"id": "id", "comment": "desc + 1", "desc": "CASE WHEN from > 25 THEN select END"}),
+            "comment > 10 AND select IS NOT NULL",
+        ),
+    )
+    run(spark, merge, form)
+    assert rows(target, ["id", "comment", "desc", "select"]) == [(1, 1, 1, 1), (2, 21, None, None), (3, 31, 30, None)]
