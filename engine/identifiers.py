@@ -138,7 +138,7 @@ def _bare_operands(tokens: list[Token], start: int = 0) -> set[int]:
     found = set()
     for i in range(start, len(tokens)):
         token = tokens[i]
-        if not _is_keyword(token) or token.text.lower() not in STATEMENT_WORDS:
+        if not _is_word(token) or token.text.lower() not in STATEMENT_WORDS:
             continue
         before = tokens[i - 1].token_type if i > start else None
         after = tokens[i + 1].token_type if i + 1 < len(tokens) else None
@@ -214,23 +214,29 @@ def _set_list(tokens: list[Token], i: int, found: set[int]) -> int:
     return i
 
 
-def _quoted(text: str, tokens: list[Token], marked: set[int]) -> str:
+def _quoted(text: str, tokens: list[Token], marked: set[int], offset: int = 0) -> str:
+    """``text`` with the marked tokens backquoted; the tokens were read from ``text`` behind ``offset``
+    characters."""
     pieces, last = [], 0
     for i in sorted(marked):
         token = tokens[i]
-        pieces.append(text[last : token.start])
+        pieces.append(text[last : token.start - offset])
         pieces.append(quote_identifier(token.text))
-        last = token.end + 1
+        last = token.end + 1 - offset
     pieces.append(text[last:])
     return "".join(pieces)
 
 
 def quote_dereferenced_names(text: str) -> str:
     """An expression with every word after ``name.`` and every statement word standing as an operand backquoted
-    (``s.select`` -> ``s.`select```, ``desc > 1`` -> ```desc` > 1``); raises
-    InvalidIdentifierError for an unquoted name Spark refuses."""
-    tokens = _tokens(text)
-    return text if tokens is None else _quoted(text, tokens, _dereferenced(tokens) | _bare_operands(tokens))
+    (``s.select`` -> ``s.`select```, ``desc > 1`` -> ```desc` > 1``); raises InvalidIdentifierError for an
+    unquoted name Spark refuses."""
+    # Read behind an opening parenthesis: sqlglot's tokenizer takes the rest of a text that starts with CALL,
+    # SHOW, FETCH... as one string, and the parenthesis also starts the first operand.
+    tokens = _tokens("(" + text)
+    if tokens is None:
+        return text
+    return _quoted(text, tokens, _dereferenced(tokens) | _bare_operands(tokens), offset=1)
 
 
 def quote_merge_names(text: str) -> str:
