@@ -17,8 +17,11 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 from sqlglot.tokens import Token, TokenType
 
+from engine.delta import ColumnPathError, parse_column_path, quote_path
+from engine.delta import quote_identifier as quote_identifier  # the one quoting of names, for the engine
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.functions import ALLOWED_FUNCTIONS, BARE_FUNCTION_NAMES, REFUSED_FUNCTIONS, SYNTAX_BEFORE_PAREN
+from engine.identifiers import quote_dereferenced_names
 from engine.spec import InsertAction, MergeClause, MergeSpec, QuerySource, UpdateAction
 
 DIALECT = "spark"
@@ -122,7 +125,7 @@ def parse_expression(text: str, where: str) -> exp.Expression:
         raise MergeSpecError(f"{where}: the expression is empty.")
     _check_size(text, where)
     try:
-        parsed = sqlglot.parse(text, read=DIALECT)
+        parsed = sqlglot.parse(quote_dereferenced_names(text), read=DIALECT)
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
         raise MergeSpecError(f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}") from None
@@ -416,23 +419,24 @@ def validate_spec(spec: MergeSpec) -> MergeSpec:
                 field = "set" if isinstance(action, UpdateAction) else "values"
                 if not assignments:
                     raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
-                seen: dict[tuple[str, ...], str] = {}
+                seen: set[tuple[str, ...]] = set()
                 for column, value in assignments.items():
-                    path = column_path(column, spec.target_alias)
+                    path = column_path(column, spec.target_alias, where=f"{where}.{field}.{column}")
                     if len(path) > 1 and isinstance(action, InsertAction):
                         raise MergeSpecError(
                             f"{where}.{field}: Nested field is not supported in the INSERT clause "
-                            f"of MERGE operation (field = {column})."
+                            f"of MERGE operation (field = {quote_path(path)})."
                         )
                     # A column and a field inside it, or one field twice, would each set the same value.
-                    other = next((c for p, c in seen.items() if p[: len(path)] == path or path[: len(p)] == p), None)
+                    other = next((p for p in seen if p[: len(path)] == path or path[: len(p)] == p), None)
                     if other is not None:
                         kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
                         raise MergeSpecError(
                             f"{where}.{field}: there is a conflict from these SET columns: "
-                            f"{other!r} and {column!r}; a column may be assigned only once in one {kind}."
+                            f"{quote_path(other)} and {quote_path(path)}; a column may be assigned only once in one "
+                            f"{kind}."
                         )
-                    seen[path] = column
+                    seen.add(path)
                     value_where = f"{where}.{field}.{column}"
                     node = parse_expression(value, value_where)
                     check_expression(node, value_where, deterministic=False)
@@ -473,21 +477,27 @@ def canonical_spec(spec: MergeSpec) -> MergeSpec:
     )
 
 
-def column_path(column: str, target_alias: str) -> tuple[str, ...]:
-    """The target column (or nested field) an assignment names: ``t.amount``, ```amount```, ``AMOUNT`` all name
-    ``("amount",)``; ``t.address.city`` and ``address.city`` name ``("address", "city")``. Lower case."""
-    node = parse_expression(column, f"column {column!r}")
-    if not isinstance(node, exp.Column):
-        raise MergeSpecError(f"{column!r} is not a column of the target.")
-    parts = [str(p.name) for p in node.parts]
-    if len(parts) > 1 and parts[0].lower() == target_alias.lower():
-        parts = parts[1:]
-    return tuple(p.lower() for p in parts)
+def column_path(
+    column: str, target_alias: str, columns: Collection[str] | None = None, *, where: str | None = None
+) -> tuple[str, ...]:
+    """The target column (or nested field) an assignment names, lower case: a name, a dotted path into structs,
+    backquoted parts (a backtick doubled inside). ``amount``, ```AMOUNT``` and ``t.amount`` name ``("amount",)``;
+    ``t.address.city`` and ``address.city`` name ``("address", "city")``. Any word is a name here, keywords too.
 
-
-def column_key(column: str, target_alias: str) -> str:
-    """``column_path`` as one dotted name."""
-    return ".".join(column_path(column, target_alias))
+    A first part equal to the target's alias is read as Spark resolves a name (``AttributeSeq.resolve``): as the
+    alias when the part after it is a column of the target (``columns``, lower case), else as a column of that
+    name (a struct column ``t`` with a field ``col``). Without ``columns`` the alias is taken as the alias.
+    ``where`` names the key's place in the spec for the error message."""
+    where = where or f"column {column!r}"
+    if not isinstance(column, str):
+        raise MergeSpecError(f"{where}: a column name must be a string.")
+    try:
+        parts = tuple(p.lower() for p in parse_column_path(column))
+    except ColumnPathError as exc:
+        raise MergeSpecError(f"{where}: {exc}.") from None
+    if len(parts) > 1 and parts[0] == target_alias.lower() and (columns is None or parts[1] in columns):
+        return parts[1:]
+    return parts
 
 
 def conjuncts(node: exp.Expr) -> list[exp.Expr]:
@@ -634,10 +644,6 @@ def and_all(nodes: Iterable[exp.Expr]) -> exp.Expr | None:
     if not nodes:
         return None
     return exp.and_(*nodes) if len(nodes) > 1 else nodes[0]
-
-
-def quote_identifier(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def referenced_columns(text: str, where: str) -> Sequence[exp.Column]:

@@ -32,7 +32,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from engine.delta import DEFAULT_KEY, GENERATION_KEY
+from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import check_scope, clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
@@ -428,8 +428,8 @@ class Resolver:
                     else:
                         raise MergeResolutionError(
                             f"{where}: {kind} * needs every target column in the source; cannot resolve "
-                            f"{self.t}.{f.name} in {kind.split()[0]} clause given columns "
-                            f"{', '.join(self.s + '.' + c.name for c in self.source_schema.fields)}."
+                            f"{quote_path((self.t, f.name))} in {kind.split()[0]} clause given columns "
+                            f"{', '.join(quote_path((self.s, c.name)) for c in self.source_schema.fields)}."
                         )
                 elif isinstance(assigned.get(key), dict):
                     values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
@@ -506,30 +506,36 @@ class Resolver:
         field_name = "set" if isinstance(action, UpdateAction) else "values"
         result: dict[str, Any] = {}
         for column, value in items.items():
-            path = column_path(column, self.t)
+            path = column_path(column, self.t, fields, where=f"{where}.{field_name}.{column}")
+            shown = quote_path(path)
             if path[0] not in fields:
                 raise MergeResolutionError(
-                    f"{where}.{field_name}: {column!r} is not a column of the target table "
-                    f"(columns: {', '.join(f.name for f in out_fields)})."
+                    f"{where}.{field_name}: {shown} is not a column of the target table "
+                    f"(columns: {', '.join(quote_identifier(f.name) for f in out_fields)})."
                 )
             if len(path) == 1:
                 if path[0] in result:
-                    raise MergeResolutionError(f"{where}.{field_name}: the column {column!r} is assigned twice.")
+                    raise MergeResolutionError(f"{where}.{field_name}: the column {shown} is assigned twice.")
                 result[path[0]] = value
                 continue
+            if isinstance(action, InsertAction):
+                raise MergeResolutionError(
+                    f"{where}.{field_name}: Nested field is not supported in the INSERT clause of MERGE operation "
+                    f"(field = {shown})."
+                )
             node = result.setdefault(path[0], {})
             dtype = fields[path[0]].dataType
             for depth, part in enumerate(path[1:], start=1):
                 names = {f.name.lower(): f for f in dtype.fields} if isinstance(dtype, StructType) else {}
                 if not isinstance(node, dict) or part not in names:
                     raise MergeResolutionError(
-                        f"{where}.{field_name}: {column!r}: {'.'.join(path[:depth])} ({dtype.simpleString()}) has no "
-                        f"field {part!r} to assign, or it is assigned twice."
+                        f"{where}.{field_name}: {shown}: {quote_path(path[:depth])} ({dtype.simpleString()}) has no "
+                        f"field {quote_identifier(part)} to assign, or it is assigned twice."
                     )
                 dtype = names[part].dataType
                 if depth == len(path) - 1:
                     if part in node:
-                        raise MergeResolutionError(f"{where}.{field_name}: {column!r} is assigned twice.")
+                        raise MergeResolutionError(f"{where}.{field_name}: {shown} is assigned twice.")
                     node[part] = value
                 else:
                     node = node.setdefault(part, {})

@@ -24,7 +24,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine import delta
-from engine.delta.paths import ReadScope
+from engine.delta import ReadScope
 from engine.errors import SourceError, SourceRowError
 from engine.expressions import source_query_sql
 from engine.spec import QuerySource, RowsSource, Source, TableSource

@@ -13,6 +13,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
+from engine.delta import quote_identifier, quote_path
 from engine.errors import MergeSpecError
 from engine.expressions import (
     DIALECT,
@@ -23,6 +24,7 @@ from engine.expressions import (
     sql,
     visible_ctes,
 )
+from engine.identifiers import InvalidIdentifierError, quote_merge_names
 from engine.spec import (
     Action,
     DeleteAction,
@@ -94,15 +96,33 @@ def _source(using: exp.Expr) -> Source:
     raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
 
 
+_PLAIN_NAME = re.compile(r"\w+")
+
+
+def _column_parts(column: exp.Expression, where: str) -> list[str]:
+    """The name parts of a column an assignment or an INSERT column list names."""
+    if not isinstance(column, exp.Column) or not all(isinstance(p, exp.Identifier) for p in column.parts):
+        raise MergeSpecError(f"{where}: expected a column name, got {sql(column)!r}.")
+    return [str(p.name) for p in column.parts]
+
+
+def _column_key(parts: list[str]) -> str:
+    """A column path as the spec holds it, a part backquoted unless it is a plain word: read back by
+    ``column_path``, it names the same parts whatever characters or keywords they are."""
+    return ".".join(n if _PLAIN_NAME.fullmatch(n) else quote_identifier(n) for n in parts)
+
+
 def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
     result: dict[str, str] = {}
+    seen: set[tuple[str, ...]] = set()
     for pair in pairs:
         if not isinstance(pair, exp.EQ) or not isinstance(pair.left, exp.Column):
             raise MergeSpecError(f"{where}: expected column = expression, got {sql(pair)!r}.")
-        column = sql(pair.left)
-        if column in result:
-            raise MergeSpecError(f"{where}: the column {column!r} is assigned twice.")
-        result[column] = sql(pair.right)
+        parts = _column_parts(pair.left, where)
+        if tuple(p.lower() for p in parts) in seen:
+            raise MergeSpecError(f"{where}: the column {quote_path(parts)} is assigned twice.")
+        seen.add(tuple(p.lower() for p in parts))
+        result[_column_key(parts)] = sql(pair.right)
     return result
 
 
@@ -131,7 +151,7 @@ def _action(when: exp.When, where: str) -> Action:
         values = then.expression.expressions if isinstance(then.expression, exp.Tuple) else []
         if not columns or len(columns) != len(values):
             raise MergeSpecError(f"{where}: INSERT needs a column list and as many VALUES.")
-        names = [sql(c) for c in columns]
+        names = [_column_key(_column_parts(c, where)) for c in columns]
         if len({n.lower() for n in names}) != len(names):
             raise MergeSpecError(f"{where}: a column appears twice in the INSERT column list.")
         return InsertAction(values=dict(zip(names, (sql(v) for v in values), strict=True)))
@@ -174,6 +194,10 @@ def parse_merge_sql(text: str) -> MergeSpec:
         raise MergeSpecError(
             f"sql: parentheses or brackets nest {nesting} levels deep; at most {MAX_STATEMENT_NESTING} are accepted."
         )
+    try:
+        text = quote_merge_names(text)
+    except InvalidIdentifierError as exc:
+        raise MergeSpecError(f"sql: {exc}") from None
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except ParseError as exc:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from engine.delta.app_transactions import commit_info, find_app_transaction_commit
     from engine.delta.constraints import GENERATION_KEY
     from engine.delta.features import DEFAULT_KEY, check_can_modify, check_supported
+    from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
+    from engine.delta.paths import ReadScope
     from engine.delta.scan import (
         FILE_NAME_COL,
         FILE_PATH_COL,
@@ -65,6 +67,11 @@ _EXPORTS = {
     "find_app_transaction_commit": "engine.delta.app_transactions",
     "check_can_modify": "engine.delta.features",
     "check_supported": "engine.delta.features",
+    "ColumnPathError": "engine.delta.names",
+    "parse_column_path": "engine.delta.names",
+    "quote_identifier": "engine.delta.names",
+    "quote_path": "engine.delta.names",
+    "ReadScope": "engine.delta.paths",
     "FILE_NAME_COL": "engine.delta.scan",
     "FILE_PATH_COL": "engine.delta.scan",
     "ROW_INDEX_COL": "engine.delta.scan",
@@ -95,12 +102,14 @@ __all__ = [
     "ROW_INDEX_COL",
     "AddCDCFile",
     "AddFile",
+    "ColumnPathError",
     "CommitAction",
     "CommitEntry",
     "FilePredicate",
     "FileStats",
     "Metadata",
     "Protocol",
+    "ReadScope",
     "RemoveFile",
     "SetTransaction",
     "Snapshot",
@@ -114,7 +123,10 @@ __all__ = [
     "find_app_transaction_commit",
     "known_num_records",
     "load_snapshot",
+    "parse_column_path",
     "prune_files",
+    "quote_identifier",
+    "quote_path",
     "scan_files",
     "scan_files_with_path",
     "target_partitions",

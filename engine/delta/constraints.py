@@ -19,6 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from engine.delta.actions import Metadata
+from engine.delta.names import quote_path
 from engine.errors import UnsupportedTableFeatureError
 
 CHECK_PREFIX = "delta.constraints."
@@ -40,11 +41,6 @@ class Constraint:
     """The column paths the predicate reads, whose values a violation reports."""
     shown: str = ""
     """The predicate as a violation names it."""
-
-
-def quoted_path(path: tuple[str, ...]) -> str:
-    """A column path as Spark SQL reads it, each part in backticks."""
-    return ".".join("`" + part.replace("`", "``") + "`" for part in path)
 
 
 def referenced_columns(expression: str, schema_json: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -132,7 +128,7 @@ def _generated_column_constraints(schema_json: dict[str, Any]) -> list[Constrain
         generation = (f.get("metadata") or {}).get(GENERATION_KEY)
         if generation is not None:
             expression = str(generation)
-            column = quoted_path((f["name"],))
+            column = quote_path((f["name"],))
             constraints.append(
                 Constraint(
                     "check",
@@ -168,7 +164,7 @@ def _column_constraints(path: tuple[str, ...], meta: dict[str, Any], schema_json
             f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
             "not supported"
         )
-    column, limit, name = quoted_path(path), int(length.group(1)), ".".join(path)
+    column, limit, name = quote_path(path), int(length.group(1)), ".".join(path)
     constraints.append(
         Constraint(
             "length",

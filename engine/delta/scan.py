@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
+from engine.delta.names import quote_identifier
 from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
@@ -194,10 +195,10 @@ def _scan_stored(
         empty = spark.createDataFrame([], scan_schema(snapshot))
         if file_columns == "path":
             return empty.select(
-                *[F.col(f"`{f.name}`") for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
+                *[F.col(quote_identifier(f.name)) for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
             )
         if file_columns == "none":
-            return empty.select(*[F.col(f"`{f.name}`") for f in schema.fields])
+            return empty.select(*[F.col(quote_identifier(f.name)) for f in schema.fields])
         return empty
     if not partition_fields:
         local = [snapshot.file_path(add) for add in unique]
@@ -206,7 +207,8 @@ def _scan_stored(
             return plain
         if file_columns == "path":
             return plain.select(
-                *[F.col(f"`{f.name}`") for f in data_schema.fields], F.col("_metadata.file_path").alias(FILE_PATH_COL)
+                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+                F.col("_metadata.file_path").alias(FILE_PATH_COL),
             )
         prefix = "file:" + snapshot.root.rstrip("/") + "/"
         if all(
@@ -215,7 +217,7 @@ def _scan_stored(
             # Every log path is the file's plain path under the root, which Spark reports verbatim after
             # ``file:``: the log path is a substring, with no per-row lookup.
             return plain.select(
-                *[F.col(f"`{f.name}`") for f in data_schema.fields],
+                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
                 F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
                 F.col("_metadata.row_index").alias(ROW_INDEX_COL),
             )
@@ -247,7 +249,7 @@ def _scan_stored(
     else:
         local_path = F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path"))
     data = data.select(
-        *[F.col(f"`{f.name}`") for f in data_schema.fields],
+        *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
         local_path.alias(_LOCAL_PATH_COL),
         F.col("_metadata.row_index").alias(ROW_INDEX_COL),
     )
@@ -259,7 +261,7 @@ def _scan_stored(
             F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "), F.col(_LOCAL_PATH_COL))
         ),
     ).otherwise(F.col(FILE_NAME_COL))
-    table_columns = [F.col(f"`{f.name}`") for f in schema.fields]
+    table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
     if file_columns == "none":
         return joined.select(*table_columns)
     if file_columns == "path":

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
 from engine.delta.actions import FileStats
+from engine.delta.names import parse_column_path
 from engine.delta.values import (
     FLOAT_TYPES,
     INTEGRAL_TYPES,
@@ -66,14 +67,14 @@ def truncate_max_string(value: str, prefix_length: int = STRING_PREFIX_LENGTH) -
 
 
 def _split_column_list(text: str) -> list[tuple[str, ...]]:
-    """``delta.dataSkippingStatsColumns``: comma-separated, dotted nested names, backquotes for odd names."""
+    """``delta.dataSkippingStatsColumns``: comma-separated column paths, backquotes (a backtick doubled inside) for
+    odd names; a comma inside backquotes is part of the name."""
     columns = []
     for item in re.findall(r"(?:`[^`]*`|[^,`])+", text):
         item = item.strip()
         if not item:
             continue
-        parts = [p[1:-1] if p.startswith("`") else p.strip() for p in re.findall(r"`[^`]*`|[^.`]+", item)]
-        columns.append(tuple(parts))
+        columns.append(parse_column_path(item))
     return columns
 
 

@@ -21,8 +21,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddCDCFile, AddFile, parse_schema
-from engine.delta.constraints import Constraint, quoted_path, table_constraints
+from engine.delta.constraints import Constraint, table_constraints
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
+from engine.delta.names import quote_identifier, quote_path
 from engine.delta.paths import encode_log_path, parse_partition_dir
 from engine.delta.snapshot import Snapshot
 from engine.delta.stats import stats_from_footer
@@ -84,7 +85,7 @@ def _shown(value: Column) -> Column:
 def _violation(constraint: Constraint) -> tuple[Column, Column]:
     """(the row breaks it, the error Delta raises for it): NULL breaks it as false does."""
     broken = ~F.coalesce(F.expr(constraint.expression), F.lit(False))
-    values = [F.col(quoted_path(path)) for path in constraint.columns]
+    values = [F.col(quote_path(path)) for path in constraint.columns]
     if constraint.kind == "length":
         message = F.concat(
             F.lit(f'[{LENGTH_MARKER}] Value "'),
@@ -128,11 +129,11 @@ def _conform(
     if problems:
         raise WriteSchemaMismatchError("Data to write does not match the table schema: " + "; ".join(problems))
 
-    columns = [F.col(f"`{by_name[f.name.lower()].name}`").alias(f.name) for f in wanted]
+    columns = [F.col(quote_identifier(by_name[f.name.lower()].name)).alias(f.name) for f in wanted]
     out = df.select(*columns)
     not_null: list[tuple[Column, Column]] = []
     for f in target.fields:
-        column = F.col(f"`{f.name}`")
+        column = F.col(quote_identifier(f.name))
         paths = [(column.isNull(), f.name)] if not f.nullable else []
         paths += _not_null_checks(column, f.dataType, f.name, None)
         not_null += [

@@ -560,8 +560,8 @@ def test_update_set_assigns_fields_inside_structs(spark: SparkSession, tmp_path:
 @pytest.mark.parametrize(
     ("assign", "error", "message"),
     [
-        ({"s.zz": "1"}, MergeResolutionError, "has no field 'zz'"),
-        ({"id.x": "1"}, MergeResolutionError, "has no field 'x'"),
+        ({"s.zz": "1"}, MergeResolutionError, "has no field `zz`"),
+        ({"id.x": "1"}, MergeResolutionError, "has no field `x`"),
         ({"s.a": "'text'"}, DataCastError, "CAST_INVALID_INPUT"),
         ({"s.a": "current_date()"}, MergeResolutionError, "cannot cast date to bigint"),
         ({"s": "t.s", "s.a": "1"}, MergeSpecError, "conflict from these SET columns"),

@@ -1,0 +1,79 @@
+"""The API takes every column name Delta accepts as the key of an assignment: ``comment`` or ``desc`` used to be
+refused with a 422 because the key was read as an expression."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.manager import JobManager
+from service.settings import Settings
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    manager = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
+    manager.migrate()
+    yield TestClient(create_app(settings, manager=manager), raise_server_exceptions=False)
+    manager.dispose()
+
+
+@pytest.fixture
+def target(lake: Path) -> str:
+    path = lake / "notes"
+    path.mkdir()
+    return str(path)
+
+
+def body(target: str, **overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "target": target,
+        "source": {"rows": [{"id": 1, "comment": "hi"}], "schema": "id BIGINT, comment STRING"},
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+    }
+    spec.update(overrides)
+    return spec
+
+
+@pytest.mark.parametrize("name", ["comment", "desc", "select", "from", "case", "null", "`a``b`", "t.`order`"])
+def test_keyword_and_backtick_keys_are_accepted(client: TestClient, target: str, name: str) -> None:
+    response = client.post(
+        "/merges",
+        json=body(
+            target,
+            when_matched=[{"action": "update", "set": {name: "s.comment"}, "condition": "s.comment <> 'x'"}],
+            when_not_matched=[{"action": "insert", "values": {"id": "s.id", name: "s.comment"}}],
+        ),
+    )
+    assert response.status_code == 202, response.text
+
+
+def test_keyword_keys_are_accepted_in_sql(client: TestClient, target: str, lake: Path) -> None:
+    (lake / "updates").mkdir()
+    sql = (
+        f"MERGE INTO delta.`{target}` AS t USING delta.`{lake}/updates` AS s ON t.id = s.id AND t.select = s.select "
+        "WHEN MATCHED AND s.case > 0 THEN UPDATE SET comment = s.comment, desc = s.desc, t.null = s.null "
+        "WHEN NOT MATCHED THEN INSERT (id, from, `a``b`) VALUES (s.id, s.from, s.`a``b`)"
+    )
+    response = client.post("/merges", json={"sql": sql})
+    assert response.status_code == 202, response.text
+
+
+def test_a_key_spark_cannot_read_is_422_naming_it(client: TestClient, target: str) -> None:
+    response = client.post(
+        "/merges", json=body(target, when_matched=[{"action": "update", "set": {"a`b": "s.comment"}}])
+    )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith(PROBLEM)
+    problem = response.json()
+    assert [e["field"] for e in problem["errors"]] == ["when_matched[0].set.a`b"]
+    assert "backtick" in problem["detail"]
