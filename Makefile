@@ -21,13 +21,13 @@ run: $(STAMP) check-java
 	$(BIN)/merge-service serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP) check-java
-	$(BIN)/ruff check engine service migrations tests bench
-	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/ruff check engine service tests bench
+	$(BIN)/ruff format --check engine service tests bench
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine service migrations tests bench
-	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/ruff check engine service tests bench
+	$(BIN)/ruff format --check engine service tests bench
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py
