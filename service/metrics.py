@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -72,6 +72,12 @@ class ServiceMetrics:
             "merge_job_queue_wait_seconds",
             "Time from submission to a job's first claim.",
             buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.spark_executors = Gauge(
+            "merge_spark_executors",
+            "Executors the Spark Connect application can run tasks on, as a worker's readiness check last read "
+            "them from the driver (0: merges wait for a task that never starts).",
             registry=self.registry,
         )
         self.http_requests = Counter(

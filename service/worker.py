@@ -30,6 +30,7 @@ from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
 from service.problems import cancelled_problem, job_problem, lease_lost_problem
 from service.settings import Settings
+from service.spark_executors import count_executors
 from service.specs import build_merge, parse_request
 
 log = structlog.get_logger(__name__)
@@ -79,9 +80,10 @@ class EngineRunner:
 
     READINESS_TTL = 10.0
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics | None = None) -> None:
         self.remote = settings.spark_remote
         self.roots = LakeRoots(settings.lake_roots)
+        self.metrics = metrics
         self._spark: Any = None
         self._lock = threading.Lock()
         self._ready_at = 0.0
@@ -138,9 +140,18 @@ class EngineRunner:
             return False, "not connected to Spark yet"
         try:
             self.session().sql("SELECT 1").collect()
+            app_id = self.session().conf.get("spark.app.id", None)
         except Exception as exc:
             self._reset()
             return False, f"Spark Connect at {self.remote} does not answer: {exc.__class__.__name__}"
+        executors = count_executors(self.remote, app_id) if app_id else None
+        if executors is not None and self.metrics is not None:
+            self.metrics.spark_executors.set(executors)
+        if executors == 0:
+            return False, (
+                f"Spark Connect at {self.remote} answers, but its application has no executors, so no merge can "
+                "run a task: are Spark workers registered with free cores and memory for spark.executor.memory?"
+            )
         self._ready_at = time.monotonic()
         return True, "ok"
 
@@ -269,8 +280,8 @@ class Worker:
         self.settings = settings
         self._owns_manager = manager is None
         self.manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-        self.runner: MergeRunner = runner or EngineRunner(settings)
         self.metrics = metrics or ServiceMetrics()
+        self.runner: MergeRunner = runner or EngineRunner(settings, self.metrics)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{ULID()}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
