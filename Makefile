@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean check-java
+.PHONY: run test lint bench clean check-java compose-check
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "merge-service needs Python 3.11 or newer")'
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py
+
+# The deployment end to end (docker-compose.yml): needs dockerd; builds stand-ins for the base images when no
+# registry is reachable. See deploy/test/compose_check.py.
+compose-check: $(STAMP)
+	$(BIN)/python deploy/test/compose_check.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache
