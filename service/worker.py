@@ -138,13 +138,17 @@ class EngineRunner:
             return True, "ok"
         if self._spark is None and not connect:
             return False, "not connected to Spark yet"
+        # The executors are counted before any query runs: on a cluster, even SELECT 1 waits for a task, and
+        # without executors it would wait forever (and this check with it).
         try:
-            self.session().sql("SELECT 1").collect()
-            app_id = self.session().conf.get("spark.app.id", None)
+            spark = self.session()
+            app_id = spark.conf.get("spark.app.id", None)  # answered by the driver alone
+            executors = count_executors(self.remote, app_id) if app_id else None
+            if executors is None:
+                spark.sql("SELECT 1").collect()
         except Exception as exc:
             self._reset()
             return False, f"Spark Connect at {self.remote} does not answer: {exc.__class__.__name__}"
-        executors = count_executors(self.remote, app_id) if app_id else None
         if executors is not None and self.metrics is not None:
             self.metrics.spark_executors.set(executors)
         if executors == 0:

@@ -63,7 +63,7 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: floa
             last = probe()
             if last:
                 return last
-        except (OSError, ValueError, subprocess.CalledProcessError) as exc:
+        except (OSError, ValueError, subprocess.CalledProcessError, CheckFailed) as exc:
             last = exc
         time.sleep(interval)
     raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
