@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean check-java compose-check
+.PHONY: run test lint bench clean check-java delta-spark compose-check
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "merge-service needs Python 3.11 or newer")'
@@ -36,6 +36,11 @@ bench: $(STAMP) check-java
 # registry is reachable. See deploy/test/compose_check.py.
 compose-check: $(STAMP)
 	$(BIN)/python deploy/test/compose_check.py
+
+# Delta on Spark for the oracle tests (tests/oracle): the pyspark wheel Delta supports and Delta's jars from Maven
+# Central, once, into ~/.cache/merge-service/delta-spark (MERGE_SERVICE_DELTA_SPARK_CACHE moves it).
+delta-spark: $(STAMP) check-java
+	$(BIN)/python -m tests.oracle.delta_spark
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache

@@ -40,6 +40,7 @@ from engine.errors import (
     MergeResolutionError,
     MergeServiceEngineError,
     SparkUnavailableError,
+    spark_error_message,
 )
 from engine.executors import INTEGRAL_TYPES, ClassicMergeExecutor, InsertOnlyMergeExecutor, MergeContext
 from engine.expressions import (
@@ -99,7 +100,7 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
             if condition:
                 break
     text = str(exc).strip()
-    first = text.splitlines()[0][:1000] if text else type(exc).__name__
+    first = spark_error_message(exc)
     if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
         return MergeCancelledError("The merge was cancelled while Spark was running it.")
     if any(

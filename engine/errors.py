@@ -7,6 +7,8 @@ summary a problem document shows; the message is the specific detail.
 
 from __future__ import annotations
 
+import re
+
 
 class MergeServiceEngineError(Exception):
     """Root of every error the engine raises on purpose."""
@@ -161,3 +163,49 @@ class CommitStateUnknownError(DeltaError):
 
     title = "Commit state unknown"
     retryable = True
+
+
+# --- reading Spark Connect's errors ---------------------------------------------------------------------------
+
+_GRPC_CODE = re.compile(r"status = StatusCode\.(\w+)")
+_GRPC_DETAILS = re.compile(r'details = "(.*?)"\s*$', re.MULTILINE)
+
+
+def grpc_status(exc: BaseException) -> tuple[str, str] | None:
+    """The gRPC status (code name, details) behind an error out of Spark Connect: from the ``grpc.RpcError`` in
+    its chain of causes, else from the text grpc prints for one (``status = StatusCode.UNAVAILABLE``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code, details = getattr(current, "code", None), getattr(current, "details", None)
+        if callable(code) and callable(details):
+            try:
+                status, text = code(), details()
+            except Exception:
+                status, text = None, None
+            if status is not None:
+                return str(getattr(status, "name", status)), str(text or "")
+        current = current.__cause__ or current.__context__
+    text = str(exc)
+    found = _GRPC_CODE.search(text)
+    if found is None:
+        return None
+    details_found = _GRPC_DETAILS.search(text)
+    return found.group(1), details_found.group(1) if details_found else ""
+
+
+def spark_error_message(exc: BaseException, limit: int = 1000) -> str:
+    """One readable line for an error out of Spark Connect. A transport failure prints as grpc's multi-line
+    repr, whose first line (``<_MultiThreadedRendezvous of RPC that terminated with:``) says nothing: its status
+    code and details do. Spark's own errors keep their first line (``[CONDITION] message``)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if not first or first.startswith("<_") or "of RPC that terminated with" in first:
+        status = grpc_status(exc)
+        if status is not None:
+            code, details = status
+            first = f"{code}: {details}" if details else code
+        elif not first:
+            first = type(exc).__name__
+    return first[:limit]

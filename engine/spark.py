@@ -7,24 +7,38 @@ and connect to it. Tests and the embedded service use the same code, so what the
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import contextlib
+import ctypes
+import logging
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql.connect import plan as connect_plan
+from pyspark.sql.connect.client.retries import DefaultPolicy
 from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 from pyspark.sql.connect.observation import Observation as ConnectObservation
 
-from engine.errors import SparkUnavailableError
+from engine.errors import SparkUnavailableError, grpc_status, spark_error_message
+
+log = logging.getLogger(__name__)
+# pyspark warns on stderr each time a call gives up retrying, then raises: the error carries the news, and while
+# Spark is down the readiness probe would print the warning every few seconds.
+warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
 
 SESSION_CONF: Mapping[str, str] = {
     # Delta's statistics need min/max on timestamps; INT96 carries none.
@@ -85,16 +99,26 @@ class SparkProcess:
     name: str
     _stopped: bool = field(default=False, repr=False)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def __post_init__(self) -> None:
+        # Reap the JVM the moment it exits, whoever killed it: no <defunct> entry waits for the next poll().
+        threading.Thread(target=self._reap, name=f"reap-{self.name}-{self.port}", daemon=True).start()
+
+    def _reap(self) -> None:
+        code = self.process.wait()
+        if not self._stopped:
+            log.warning("%s (pid %s) exited with code %s", self.name, self.process.pid, code)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM to the JVM's process group, SIGKILL after ``timeout``."""
         if self._stopped:
             return
         self._stopped = True
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            _signal_group(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                _signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait()
 
     def log_tail(self, lines: int = 40) -> str:
@@ -102,6 +126,88 @@ class SparkProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+# The Spark JVM's environment is this allowlist, never the service's whole environment: the service's own
+# settings (MERGE_SERVICE_API_TOKENS, MERGE_SERVICE_DATABASE_URL...) hold secrets that a query reading the JVM's
+# environment could reveal.
+SPARK_ENV_NAMES = frozenset(
+    {"PATH", "JAVA_HOME", "JAVA_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "HOME", "USER", "LOGNAME", "LANG"}
+    | {"LANGUAGE", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "HOSTNAME", "YARN_CONF_DIR", "HIVE_CONF_DIR"}
+)
+SPARK_ENV_PREFIXES = ("LC_", "SPARK_", "HADOOP_", "PYSPARK_")
+
+
+def spark_environment(base: Mapping[str, str] | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Spark process: the allowlisted names of ``base`` (this process's environment by
+    default), plus ``extra``. Nothing named ``MERGE_SERVICE_*`` passes, whatever ``extra`` says."""
+    source = os.environ if base is None else base
+    env = {
+        name: value for name, value in source.items() if name in SPARK_ENV_NAMES or name.startswith(SPARK_ENV_PREFIXES)
+    }
+    env.update(extra or {})
+    return {name: value for name, value in env.items() if not name.startswith("MERGE_SERVICE_")}
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive SIGKILL when the thread that started it ends (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``). The setting survives ``exec``, and ``spark-submit`` and ``spark-class`` both
+    ``exec``: the JVM itself carries it. Resolved here, in the parent: the child between fork and exec only
+    calls a function pointer."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above: nobody will send the signal
+            os._exit(1)
+
+    return preexec
+
+
+class _Spawner:
+    """Starts every Spark process from one thread that lives as long as this process. The parent-death signal
+    follows the thread that forked the child, not the process: a JVM started from a worker's or a probe's
+    thread would be killed when that thread ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[tuple[Callable[[], subprocess.Popen[bytes]], concurrent.futures.Future[Any]]]
+        self._requests = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def popen(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="spark-spawner", daemon=True)
+                self._thread.start()
+        done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+        self._requests.put((start, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            start, done = self._requests.get()
+            try:
+                done.set_result(start())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_spawner = _Spawner()
 
 
 def _spawn(
@@ -116,19 +222,30 @@ def _spawn(
     require_java()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
-    full_env = dict(os.environ)
-    full_env.update(
-        SPARK_HOME=str(spark_home()),
-        SPARK_LOCAL_IP="127.0.0.1",
-        SPARK_NO_DAEMONIZE="1",
-        SPARK_LOG_DIR=str(log_dir),
-        SPARK_PID_DIR=str(log_dir),
-        SPARK_CONNECT_MODE="0",
+    full_env = spark_environment(
+        extra={
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_LOG_DIR": str(log_dir),
+            "SPARK_PID_DIR": str(log_dir),
+            "SPARK_CONNECT_MODE": "0",
+            **(env or {}),
+        }
     )
-    if env:
-        full_env.update(env)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(log_path, "wb") as out:
+            return subprocess.Popen(
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+
+    proc = _spawner.popen(start)
     server = SparkProcess(proc, log_path, port, name)
     atexit.register(server.stop)
     deadline = time.monotonic() + ready_timeout
@@ -224,23 +341,107 @@ _embedded: SparkProcess | None = None
 
 
 def embedded_remote() -> str:
-    """Start (once per process) the embedded local Connect server and answer its URL."""
+    """Start the embedded local Connect server (once per process, and again if it died) and answer its URL."""
     global _embedded
     with _embedded_lock:
         if _embedded is None or _embedded.process.poll() is not None:
+            if _embedded is not None:
+                log.warning(
+                    "the embedded Spark Connect server exited (code %s); starting a new one",
+                    _embedded.process.returncode,
+                )
             _embedded = start_connect_server()
         return f"sc://127.0.0.1:{_embedded.port}"
 
 
-def connect(remote: str = "local") -> SparkSession:
-    """A new Spark Connect session, configured for the engine. ``local`` starts the embedded server."""
+def embedded_server() -> SparkProcess | None:
+    """The embedded Connect server this process started, if any."""
+    return _embedded
+
+
+def stop_embedded(timeout: float = 10.0) -> None:
+    """Stop the embedded Connect server now (SIGTERM, then SIGKILL after ``timeout``) rather than at exit."""
+    server = _embedded
+    if server is not None:
+        server.stop(timeout)
+
+
+@dataclass(frozen=True)
+class ConnectRetry:
+    """How long one Spark Connect call keeps retrying a server that does not answer (gRPC UNAVAILABLE): at most
+    ``max_retries`` retries, waiting ``initial_backoff`` seconds, doubling up to ``max_backoff``. pyspark's own
+    policy waits some ten minutes, holding whatever the caller holds; a dead server should fail a call in
+    seconds, and the caller (a job's retries, the readiness probe) decides what next."""
+
+    max_retries: int = 5
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+
+    def policy(self) -> DefaultPolicy:
+        return DefaultPolicy(
+            max_retries=self.max_retries,
+            initial_backoff=max(1, int(self.initial_backoff * 1000)),
+            max_backoff=max(1, int(self.max_backoff * 1000)),
+            backoff_multiplier=2.0,
+            jitter=100,
+            min_jitter_threshold=1000,
+            max_server_retry_delay=max(1, int(self.max_backoff * 1000)),
+        )
+
+
+def connect(remote: str = "local", *, retry: ConnectRetry | None = None) -> SparkSession:
+    """A new Spark Connect session, configured for the engine, whose calls retry as ``retry`` says. ``local``
+    starts the embedded server (again, if it died)."""
     url = embedded_remote() if remote in ("local", "") or remote.startswith("local[") else remote
+    spark = SparkSession.builder.remote(url).create()
+    spark.client.set_retry_policies([(retry or ConnectRetry()).policy()])
     try:
-        spark = SparkSession.builder.remote(url).create()
         configure_session(spark)
     except Exception as exc:
-        raise SparkUnavailableError(f"Cannot reach Spark Connect at {url}: {exc}") from exc
+        close_session(spark, release=False)
+        raise SparkUnavailableError(f"Cannot reach Spark Connect at {url}: {spark_error_message(exc)}") from exc
     return spark
+
+
+def session_lost(spark: SparkSession, exc: BaseException | None = None) -> bool:
+    """Whether ``spark`` is of no further use: its client closed itself (the server's session changed, as after
+    a server restart), or ``exc`` says the server cannot be reached."""
+    try:
+        if spark.client.is_closed:
+            return True
+    except Exception:
+        return True
+    if exc is None:
+        return False
+    status = grpc_status(exc)
+    return status is not None and status[0] == "UNAVAILABLE"
+
+
+def close_session(spark: SparkSession, *, release: bool = True, release_timeout: float = 2.0) -> None:
+    """Close a session without blocking on a server that may be gone. ``SparkSession.stop`` releases the
+    server's session while holding pyspark's process-wide session lock, through the client's retries: with the
+    server dead, every other thread creating a session waits on it. Here the release runs in a thread of its
+    own for at most ``release_timeout`` seconds, and the channel closes whatever it answered."""
+    if release:
+        releaser = threading.Thread(target=_release, args=(spark,), name="spark-release-session", daemon=True)
+        releaser.start()
+        releaser.join(release_timeout)
+    try:
+        spark.client.close()  # outside pyspark's session lock, which stop() holds while it closes the client
+    except Exception as exc:
+        log.debug("closing a Spark Connect channel failed: %r", exc)
+    spark.release_session_on_close = False  # type: ignore[attr-defined]  # a Connect session's flag
+    try:
+        spark.stop()
+    except Exception as exc:
+        log.debug("closing a Spark session failed: %r", exc)
+
+
+def _release(spark: SparkSession) -> None:
+    try:
+        spark.client.release_session()
+    except Exception as exc:
+        log.debug("releasing a Spark session failed: %s", spark_error_message(exc))
 
 
 def configure_session(spark: SparkSession) -> None:

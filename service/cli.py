@@ -23,6 +23,16 @@ from service.settings import Settings, default_api_processes
 
 log = structlog.get_logger("merge-service")
 SCHEMA_WAIT_SECONDS = 60.0
+# Shares of the lease that a stopping service gives to: open HTTP requests, running attempts finishing on their
+# own, interrupted attempts reaching a safe point (at least ABANDON_MIN_SECONDS, for Spark to cancel what it
+# runs), the embedded Spark server's exit. With the default 30 s lease the whole stop fits in the lease (a
+# deployment's stop grace period); a job whose attempt is left running is taken back by another worker once its
+# lease lapses, and its Delta txn keeps it from being applied twice.
+HTTP_SHUTDOWN_SHARE = 0.1
+DRAIN_SHARE = 0.35
+ABANDON_SHARE = 0.2
+ABANDON_MIN_SECONDS = 10.0
+SPARK_STOP_SHARE = 0.15
 
 
 def _manager(settings: Settings) -> JobManager:
@@ -60,6 +70,8 @@ def _serve_http(app: Any, host: str, port: int, settings: Settings, processes: i
         "log_level": settings.log_level.lower(),
         "access_log": settings.access_log,
         "log_config": None,
+        # At SIGTERM, requests still open after this are cut: the whole stop must fit in the lease.
+        "timeout_graceful_shutdown": max(1, round(settings.lease_seconds * HTTP_SHUTDOWN_SHARE)),
     }
     if processes <= 1:
         uvicorn.Server(uvicorn.Config(app, **options)).run()
@@ -90,6 +102,19 @@ def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, c
     return [Worker(settings, manager=manager, metrics=metrics) for _ in range(count)]
 
 
+def _stop(workers: list[Any], settings: Settings) -> None:
+    """Stop within the lease: running attempts get part of it to finish, then are interrupted before their
+    commit and handed back to the queue; then the Spark session closes and the embedded server stops."""
+    from engine.spark import stop_embedded
+    from service.worker import stop_workers
+
+    lease = settings.lease_seconds
+    try:
+        stop_workers(workers, drain=lease * DRAIN_SHARE, abandon_after=max(ABANDON_MIN_SECONDS, lease * ABANDON_SHARE))
+    finally:
+        stop_embedded(timeout=lease * SPARK_STOP_SHARE)
+
+
 def cmd_serve(
     settings: Settings, host: str, port: int, *, with_api: bool = True, migrate: bool = True, api_processes: int = 1
 ) -> int:
@@ -111,8 +136,7 @@ def cmd_serve(
     try:
         _serve_http(app, host, port, settings, api_processes if with_api else 1)
     finally:
-        for worker in workers:
-            worker.stop()
+        _stop(workers, settings)
         manager.dispose()
     return 0
 

@@ -50,6 +50,19 @@ class Settings(BaseSettings):
     """Where ``merge-service worker`` serves /healthz, /readyz and /metrics."""
     list_limit_max: int = 200
 
+    # --- Spark failures: fail fast and recover -------------------------------------------------------------
+    spark_max_retries: int = Field(default=5, ge=0)
+    """Retries of one Spark Connect call while the server does not answer (gRPC UNAVAILABLE), waiting 0.1 s
+    and doubling up to ``spark_max_backoff_seconds``: with the defaults a call to a dead server fails within
+    about 3 s (pyspark's own policy waits some 10 minutes). A job whose attempt fails so is retried with the
+    job backoff, on a new session."""
+    spark_max_backoff_seconds: float = Field(default=2.0, gt=0)
+    spark_probe_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often each worker's readiness probe asks Spark (``SELECT 1``); /readyz answers from its last answer
+    and never waits on Spark."""
+    spark_probe_timeout_seconds: float = Field(default=3.0, gt=0)
+    """A probe that has not answered within this time makes /readyz answer 503."""
+
     @field_validator("lake_roots", "api_tokens", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:

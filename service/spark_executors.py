@@ -14,7 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 UI_PORT = 4040
-TIMEOUT_SECONDS = 3.0
+TIMEOUT_SECONDS = 1.5
+"""Well inside the readiness probe's timeout; a driver answers its API in milliseconds."""
 
 
 def driver_ui_url(remote: str) -> str | None:

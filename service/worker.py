@@ -23,6 +23,7 @@ from ulid import ULID
 
 import engine
 import engine.errors as engine_errors
+import engine.spark as engine_spark
 from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError
 from service.jobs import ClaimedJob, Lease, Phase
 from service.manager import JobManager
@@ -76,32 +77,53 @@ class MergeRunner(Protocol):
 
 
 class EngineRunner:
-    """``engine.run_merge`` over one Spark Connect session, created on first use and replaced when it breaks."""
+    """``engine.run_merge`` over one Spark Connect session, created on first use and dropped when Spark loses it
+    (the next use connects again and, with the embedded server, starts a new server if the old one died).
 
-    READINESS_TTL = 10.0
+    Readiness is measured off the request path: a probe thread asks Spark every ``spark_probe_interval_seconds``
+    and ``readiness()`` answers from its last answer, so /readyz never waits on Spark. A probe that has not
+    answered within ``spark_probe_timeout_seconds`` counts as Spark not answering. No lock is held across a call
+    to Spark but ``_connect_lock``, which only this runner's worker and probe take, so one server start serves
+    both."""
 
     def __init__(self, settings: Settings, metrics: ServiceMetrics | None = None) -> None:
         self.remote = settings.spark_remote
         self.roots = LakeRoots(settings.lake_roots)
         self.metrics = metrics
+        self.retry = engine_spark.ConnectRetry(
+            max_retries=settings.spark_max_retries, max_backoff=settings.spark_max_backoff_seconds
+        )
+        self.probe_interval = settings.spark_probe_interval_seconds
+        self.probe_timeout = settings.spark_probe_timeout_seconds
         self._spark: Any = None
         self._lock = threading.Lock()
-        self._ready_at = 0.0
+        self._connect_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._probe: threading.Thread | None = None
+        self._probe_started: float | None = None
+        self._answer: tuple[bool, str, float] | None = None
 
     def session(self) -> Any:
-        with self._lock:
+        spark = self._spark
+        if spark is not None:
+            return spark
+        with self._connect_lock:
+            if self._closed.is_set():
+                raise engine_errors.SparkUnavailableError("The worker is shutting down.")
             if self._spark is None:
-                self._spark = engine.connect(self.remote)
+                spark = engine_spark.connect(self.remote, retry=self.retry)
+                with self._lock:
+                    self._spark = spark
             return self._spark
 
-    def _reset(self) -> None:
+    def _drop(self, spark: Any, why: str) -> None:
+        """Forget a session Spark lost; the next use connects again."""
         with self._lock:
-            spark, self._spark = self._spark, None
-        if spark is not None:
-            try:
-                spark.stop()
-            except Exception as exc:
-                log.warning("closing a broken Spark session failed", error=repr(exc))
+            if self._spark is not spark:
+                return
+            self._spark = None
+        log.warning("dropping the Spark session", reason=why)
+        engine_spark.close_session(spark, release=False)
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: ProgressCallback, tag: str) -> RunResult:
         built = build_merge(parse_request(job.spec), self.roots)
@@ -115,9 +137,14 @@ class EngineRunner:
                 on_progress=on_progress,
                 dry_run=job.dry_run,
             )
-        except engine_errors.SparkUnavailableError:
-            self._reset()
-            raise
+        except Exception as exc:
+            if not engine_spark.session_lost(spark, exc):
+                raise
+            message = engine_errors.spark_error_message(exc)
+            self._drop(spark, message)
+            if isinstance(exc, engine_errors.SparkUnavailableError):
+                raise
+            raise engine_errors.SparkUnavailableError(f"Spark Connect lost the session: {message}") from exc
         finally:
             try:
                 spark.removeTag(tag)
@@ -130,25 +157,45 @@ class EngineRunner:
             spark.interruptTag(tag)
 
     def warm_up(self) -> None:
-        """Connect before the first job (the embedded server takes seconds to start), so /readyz can tell."""
-        self.readiness(connect=True)
+        """Start the readiness probe, which also connects before the first job (the embedded server takes
+        seconds to start)."""
+        with self._lock:
+            if self._probe is None and not self._closed.is_set():
+                self._probe = threading.Thread(target=self._probe_loop, name="spark-readiness-probe", daemon=True)
+                self._probe.start()
 
-    def readiness(self, *, connect: bool = False) -> tuple[bool, str]:
-        if time.monotonic() - self._ready_at < self.READINESS_TTL:
-            return True, "ok"
-        if self._spark is None and not connect:
-            return False, "not connected to Spark yet"
-        # The executors are counted before any query runs: on a cluster, even SELECT 1 waits for a task, and
-        # without executors it would wait forever (and this check with it).
+    def _probe_loop(self) -> None:
+        failures = 0
+        while not self._closed.is_set():
+            ok = self._probe_once()
+            failures = 0 if ok else failures + 1
+            delay = self.probe_interval * 2 ** min(failures, 3)
+            self._closed.wait(min(delay, max(self.probe_interval, 5.0)))
+
+    def _probe_once(self) -> bool:
+        self._probe_started = time.monotonic()
         try:
             spark = self.session()
-            app_id = spark.conf.get("spark.app.id", None)  # answered by the driver alone
-            executors = count_executors(self.remote, app_id) if app_id else None
-            if executors is None:
-                spark.sql("SELECT 1").collect()
         except Exception as exc:
-            self._reset()
-            return False, f"Spark Connect at {self.remote} does not answer: {exc.__class__.__name__}"
+            ok, why = False, engine_errors.spark_error_message(exc)  # "Cannot reach Spark Connect at ...: ..."
+        else:
+            try:
+                ok, why = self._ask(spark)
+            except Exception as exc:
+                message = engine_errors.spark_error_message(exc)
+                if engine_spark.session_lost(spark, exc):
+                    self._drop(spark, message)
+                ok, why = False, f"Spark Connect at {self.remote} does not answer: {message}"
+        self._answer = (ok, why, time.monotonic())
+        self._probe_started = None
+        return ok
+
+    def _ask(self, spark: Any) -> tuple[bool, str]:
+        """Spark answers and has executors to run tasks on. They are counted before any query runs: on a cluster
+        even SELECT 1 waits for a task, so without executors it never answers, and the probe could only say that
+        Spark is silent, not why. SELECT 1 runs only when the driver's API cannot tell."""
+        app_id = spark.conf.get("spark.app.id", None)  # answered by the driver alone
+        executors = count_executors(self.remote, app_id) if app_id else None
         if executors is not None and self.metrics is not None:
             self.metrics.spark_executors.set(executors)
         if executors == 0:
@@ -156,11 +203,29 @@ class EngineRunner:
                 f"Spark Connect at {self.remote} answers, but its application has no executors, so no merge can "
                 "run a task: are Spark workers registered with free cores and memory for spark.executor.memory?"
             )
-        self._ready_at = time.monotonic()
+        if executors is None:
+            spark.sql("SELECT 1").collect()
         return True, "ok"
 
+    def readiness(self) -> tuple[bool, str]:
+        """The probe's last answer; never waits on Spark."""
+        now = time.monotonic()
+        started, answer = self._probe_started, self._answer
+        if started is not None and now - started > self.probe_timeout:
+            return False, f"Spark Connect at {self.remote} has not answered for {now - started:.1f}s"
+        if answer is None:
+            return False, "not connected to Spark yet"
+        ok, why, at = answer
+        if ok and now - at > max(self.probe_interval, 5.0) + self.probe_timeout:
+            return False, "the Spark readiness probe has not run lately"
+        return ok, why
+
     def close(self) -> None:
-        self._reset()
+        self._closed.set()
+        with self._lock:
+            spark, self._spark = self._spark, None
+        if spark is not None:
+            engine_spark.close_session(spark)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -214,6 +279,11 @@ class JobControl:
     def stop(self) -> None:
         self._done.set()
         self._thread.join(timeout=self.interval + 5)
+
+    def abandon(self) -> None:
+        """Stop renewing the lease of an attempt the stopping worker no longer waits for, so that it lapses and
+        another worker takes the job even while this process lingers."""
+        self._done.set()
 
     def on_progress(self, phase: str) -> None:
         """The engine's safe points. Raising here stops the merge; at ``committing`` it is the last chance."""
@@ -303,9 +373,16 @@ class Worker:
         self._thread.start()
         self._log.info("worker started")
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def request_stop(self) -> None:
+        """Claim no further job; the running attempt goes on (``stop`` waits for it)."""
+        self._stop.set()
+
+    def stop(self, timeout: float = 30.0, *, abandon_after: float | None = None) -> None:
         """Finish the running attempt if it ends within ``timeout``; otherwise interrupt it before its commit
-        and hand the job back to the queue."""
+        and hand the job back to the queue, waiting ``abandon_after`` more (by default the lease). An attempt
+        still busy then (its commit under way, or Spark not answering) is left to the process's exit: its lease
+        lapses, and the next attempt finds the commit by its Delta ``txn`` if it landed, never applying it
+        twice."""
         self._stop.set()
         thread = self._thread
         if thread is not None:
@@ -313,7 +390,11 @@ class Worker:
             current = self._current
             if thread.is_alive() and current is not None:
                 current.interrupt("shutdown")
-                thread.join(max(10.0, self.settings.lease_seconds))
+                thread.join(self.settings.lease_seconds if abandon_after is None else abandon_after)
+            current = self._current
+            if thread.is_alive() and current is not None:
+                current.abandon()
+                self._log.warning("the running attempt did not stop in time; its lease will lapse")
         self._thread = None
         self.runner.close()
         if self._owns_manager:
@@ -454,3 +535,16 @@ class Worker:
         except LeaseLostError:
             log.warning("could not record the outcome: lease lost", error=str(exc))
             return "lease_lost"
+
+
+def stop_workers(workers: list[Worker], *, drain: float, abandon_after: float) -> None:
+    """Stop several workers within one budget: none claims another job, running attempts get ``drain`` seconds
+    to finish, then ``abandon_after`` more once interrupted (see ``Worker.stop``)."""
+    for worker in workers:
+        worker.request_stop()
+    drain_until = time.monotonic() + drain
+    abandon_until = drain_until + abandon_after
+    for worker in workers:
+        worker.stop(
+            timeout=max(0.0, drain_until - time.monotonic()), abandon_after=max(0.0, abandon_until - time.monotonic())
+        )

@@ -1,4 +1,5 @@
-"""Liveness and readiness: readiness looks at the job database, its schema level and (for workers) Spark."""
+"""Liveness and readiness: readiness looks at the job database, its schema level and (for workers) Spark, as
+each worker's readiness probe last found it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=HealthOut, summary="The process lives")
-def healthz() -> HealthOut:
+async def healthz() -> HealthOut:
+    # On the event loop, not in the request thread pool: it answers even when every pool thread is busy.
     return HealthOut(status="ok")
 
 
@@ -23,6 +25,8 @@ def healthz() -> HealthOut:
     responses={503: {"model": HealthOut, "description": "Something this process needs does not answer."}},
 )
 def readyz(request: Request) -> JSONResponse:
+    # Workers answer from their Spark probe's last answer (never a call to Spark here); the database checks are
+    # bounded by the job store's connect and pool timeouts.
     checks: dict[str, str] = {}
     manager = request.app.state.manager
     try:

@@ -10,13 +10,15 @@ from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.spark_executors import driver_ui_url
 from service.worker import EngineRunner
+from tests.service.conftest import wait_until
 
 
 def test_a_connect_server_that_runs_tasks_is_ready(spark_remote: str, tmp_path: Path) -> None:
     metrics = ServiceMetrics()
     runner = EngineRunner(Settings(spark_remote=spark_remote, lake_roots=[str(tmp_path)]), metrics)
     try:
-        assert runner.readiness(connect=True) == (True, "ok")
+        runner.warm_up()
+        wait_until(lambda: runner.readiness() == (True, "ok"), timeout=60, interval=0.2)
         # NaN (not known) unless this server's own driver API answered; then local mode counts the driver.
         seen = metrics.registry.get_sample_value("merge_spark_executors")
         assert seen is not None and (math.isnan(seen) or seen >= 1)

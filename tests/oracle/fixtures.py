@@ -1,0 +1,39 @@
+"""The ``delta_spark`` fixture: a Spark Connect session on Delta's own Spark, with Delta's SQL extension and catalog.
+
+tests/oracle/conftest.py offers it to the tests here; any other conftest can offer it the same way
+(``from tests.oracle.fixtures import delta_spark, delta_spark_server``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.spark import SparkProcess, configure_session
+from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_delta_connect_server
+
+
+@pytest.fixture(scope="session")
+def delta_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkProcess]:
+    try:
+        home = prepare()
+    except RegistryUnreachableError as exc:
+        # Only a machine that cannot reach Maven Central goes without Delta on Spark; CI must have it.
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Delta on Spark is required in CI: {exc}")
+        pytest.skip(f"Delta on Spark needs Maven Central once to fetch Delta's jars, and it is unreachable: {exc}")
+    server = start_delta_connect_server(home, log_dir=tmp_path_factory.mktemp("delta-spark-logs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def delta_spark(delta_spark_server: SparkProcess) -> Iterator[SparkSession]:
+    """Delta on Spark, configured as the engine's sessions are (UTC, ANSI...), so both answer the same SQL alike."""
+    session = SparkSession.builder.remote(f"sc://127.0.0.1:{delta_spark_server.port}").create()
+    configure_session(session)
+    yield session
+    session.stop()
