@@ -39,6 +39,10 @@ COUNTER_ROWS = 2_000_000
 WORKERS = 2
 
 
+NO_DOCKERD = 77
+"""Exit status when this machine cannot run dockerd (an unprivileged container, say): nothing was checked."""
+
+
 class CheckFailed(AssertionError):
     pass
 
@@ -224,7 +228,8 @@ def start_dockerd() -> subprocess.Popen[bytes] | None:
     if docker_answers():
         return None
     if os.geteuid() != 0:
-        raise SystemExit("compose check: no dockerd answers, and only root can start one")
+        print("compose check: no dockerd answers, and only root can start one", file=sys.stderr)
+        raise SystemExit(NO_DOCKERD)
     if not all(shutil.which(tool) for tool in ("dockerd", "debootstrap")) or not compose_available():
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
@@ -232,7 +237,12 @@ def start_dockerd() -> subprocess.Popen[bytes] | None:
         subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env, capture_output=True)
     log = open("/tmp/merge-service-dockerd.log", "ab")  # noqa: SIM115 (the daemon writes to it until it stops)
     daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_for("dockerd to answer", docker_answers, 60, interval=1)
+    try:
+        wait_for("dockerd to answer", docker_answers, 60, interval=1)
+    except CheckFailed:
+        daemon.terminate()
+        print("compose check: dockerd does not start here (see /tmp/merge-service-dockerd.log)", file=sys.stderr)
+        raise SystemExit(NO_DOCKERD) from None
     return daemon
 
 

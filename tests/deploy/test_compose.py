@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_DOCKERD = 77
+"""compose_check.py's exit status when dockerd cannot run here."""
 
 
 def _docker_possible() -> bool:
@@ -28,4 +30,6 @@ def test_compose_stack_end_to_end() -> None:
     done = subprocess.run(
         [sys.executable, ROOT / "deploy" / "test" / "compose_check.py", "--start-dockerd"], cwd=ROOT, check=False
     )
+    if done.returncode == NO_DOCKERD:
+        pytest.skip("dockerd cannot start on this machine")
     assert done.returncode == 0, "the compose check failed: its output above says where"
