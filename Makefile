@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean check-java delta-spark
+.PHONY: run test lint bench clean check-java delta-spark compose-check
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "merge-service needs Python 3.11 or newer")'
@@ -21,18 +21,23 @@ run: $(STAMP) check-java
 	$(BIN)/merge-service serve --host 127.0.0.1 --port 8000
 
 test: $(STAMP) check-java
-	$(BIN)/ruff check engine service migrations tests bench
-	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/ruff check engine service tests bench
+	$(BIN)/ruff format --check engine service tests bench
 	$(BIN)/mypy engine service
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine service migrations tests bench
-	$(BIN)/ruff format --check engine service migrations tests bench
+	$(BIN)/ruff check engine service tests bench
+	$(BIN)/ruff format --check engine service tests bench
 	$(BIN)/mypy engine service
 
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py
+
+# The deployment end to end (docker-compose.yml): needs dockerd; builds stand-ins for the base images when no
+# registry is reachable. See deploy/test/compose_check.py.
+compose-check: $(STAMP)
+	$(BIN)/python deploy/test/compose_check.py
 
 # Delta on Spark for the oracle tests (tests/oracle): the pyspark wheel Delta supports and Delta's jars from Maven
 # Central, once, into ~/.cache/merge-service/delta-spark (MERGE_SERVICE_DELTA_SPARK_CACHE moves it).

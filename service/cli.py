@@ -60,7 +60,8 @@ def _serve_http(app: Any, host: str, port: int, settings: Settings, processes: i
     building its app from the environment (``service.app:create_process_app``); this process then supervises
     them (restarts one that dies, stops them all on SIGTERM)."""
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
+
+    from service.supervisor import HEALTH_PING_SECONDS, ApiSupervisor
 
     # log_config=None: uvicorn's loggers propagate to the root handler that ``configure_logging`` installed.
     options: dict[str, Any] = {
@@ -75,8 +76,14 @@ def _serve_http(app: Any, host: str, port: int, settings: Settings, processes: i
     if processes <= 1:
         uvicorn.Server(uvicorn.Config(app, **options)).run()
         return
-    config = uvicorn.Config("service.app:create_process_app", factory=True, workers=processes, **options)
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    config = uvicorn.Config(
+        "service.app:create_process_app",
+        factory=True,
+        workers=processes,
+        timeout_worker_healthcheck=HEALTH_PING_SECONDS,
+        **options,
+    )
+    ApiSupervisor(config, sockets=[config.bind_socket()]).run()
 
 
 def cmd_migrate(settings: Settings) -> int:

@@ -3,10 +3,11 @@ read from the job table at scrape time, so every API process reports the same tr
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -74,6 +75,13 @@ class ServiceMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self.spark_executors = Gauge(
+            "merge_spark_executors",
+            "Executors the Spark Connect application can run tasks on, as a worker's readiness check last read "
+            "them from the driver (0: merges wait for a task that never starts; NaN: not known).",
+            registry=self.registry,
+        )
+        self.spark_executors.set(math.nan)
         self.http_requests = Counter(
             "merge_http_requests",
             "HTTP requests answered, by method, route and status.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -10,7 +11,8 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# Package data of ``service``, so a non-editable install (the container image's) carries its migrations.
+MIGRATIONS_DIR = Path(str(files("service") / "migrations"))
 
 
 def alembic_config(url: str) -> Config:

@@ -30,6 +30,7 @@ from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
 from service.problems import cancelled_problem, job_problem, lease_lost_problem
 from service.settings import Settings
+from service.spark_executors import count_executors
 from service.specs import build_merge, parse_request
 
 log = structlog.get_logger(__name__)
@@ -80,9 +81,10 @@ class EngineRunner:
     to Spark but ``_connect_lock``, which only this runner's worker and probe take, so one server start serves
     both."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics | None = None) -> None:
         self.remote = settings.spark_remote
         self.roots = LakeRoots(settings.lake_roots)
+        self.metrics = metrics
         self.retry = engine_spark.ConnectRetry(
             max_retries=settings.spark_max_retries, max_backoff=settings.spark_max_backoff_seconds
         )
@@ -173,8 +175,7 @@ class EngineRunner:
             ok, why = False, engine_errors.spark_error_message(exc)  # "Cannot reach Spark Connect at ...: ..."
         else:
             try:
-                spark.sql("SELECT 1").collect()
-                ok, why = True, "ok"
+                ok, why = self._ask(spark)
             except Exception as exc:
                 message = engine_errors.spark_error_message(exc)
                 if engine_spark.session_lost(spark, exc):
@@ -183,6 +184,23 @@ class EngineRunner:
         self._answer = (ok, why, time.monotonic())
         self._probe_started = None
         return ok
+
+    def _ask(self, spark: Any) -> tuple[bool, str]:
+        """Spark answers and has executors to run tasks on. They are counted before any query runs: on a cluster
+        even SELECT 1 waits for a task, so without executors it never answers, and the probe could only say that
+        Spark is silent, not why. SELECT 1 runs only when the driver's API cannot tell."""
+        app_id = spark.conf.get("spark.app.id", None)  # answered by the driver alone
+        executors = count_executors(self.remote, app_id) if app_id else None
+        if executors is not None and self.metrics is not None:
+            self.metrics.spark_executors.set(executors)
+        if executors == 0:
+            return False, (
+                f"Spark Connect at {self.remote} answers, but its application has no executors, so no merge can "
+                "run a task: are Spark workers registered with free cores and memory for spark.executor.memory?"
+            )
+        if executors is None:
+            spark.sql("SELECT 1").collect()
+        return True, "ok"
 
     def readiness(self) -> tuple[bool, str]:
         """The probe's last answer; never waits on Spark."""
@@ -331,8 +349,8 @@ class Worker:
         self.settings = settings
         self._owns_manager = manager is None
         self.manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-        self.runner: MergeRunner = runner or EngineRunner(settings)
         self.metrics = metrics or ServiceMetrics()
+        self.runner: MergeRunner = runner or EngineRunner(settings, self.metrics)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{ULID()}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -1,0 +1,98 @@
+"""``merge-service api`` with several processes: when one dies, the supervisor says why and replaces it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.service.conftest import wait_until
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Api:
+    """A real ``merge-service api --api-processes 2`` on a migrated SQLite job table; its log lines collected."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = _free_port()
+        env = {
+            **os.environ,
+            "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}",
+            "MERGE_SERVICE_LAKE_ROOTS": str(tmp_path),
+            "MERGE_SERVICE_ACCESS_LOG": "false",
+        }
+        cli = [sys.executable, "-m", "service.cli"]
+        subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
+        self.proc = subprocess.Popen(
+            [*cli, "api", "--api-processes", "2", "--port", str(self.port)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def children(self) -> list[int]:
+        """The API processes (multiprocessing's spawned children, not its resource tracker)."""
+        kids = psutil.Process(self.proc.pid).children()
+        return sorted(k.pid for k in kids if "spawn_main" in " ".join(k.cmdline()))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    server = Api(tmp_path)
+    try:
+        wait_until(lambda: server.answers() and len(server.children()) == 2, timeout=90, interval=0.2)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_killed_api_process_is_logged_with_its_cause_and_replaced(api: Api) -> None:
+    victim = api.children()[0]
+    os.kill(victim, signal.SIGKILL)
+
+    def logged() -> bool:
+        return any(str(victim) in line and "was killed by SIGKILL" in line for line in api.lines)
+
+    wait_until(logged, timeout=30, interval=0.1)
+    wait_until(lambda: len(api.children()) == 2 and victim not in api.children(), timeout=60, interval=0.2)
+    deadline = time.monotonic() + 60
+    while not api.answers():
+        assert time.monotonic() < deadline, "the API stopped answering after one process died"
+        time.sleep(0.2)
