@@ -41,7 +41,10 @@ INTENDED_DIFFERENCES = frozenset(
 def merge_sql(target: Path, source: Path, on: str, clauses: Sequence[MergeClause]) -> str:
     """Delta's MERGE INTO text for the same spec the engine runs (aliases t and s)."""
     parts = [f"MERGE INTO {table_ref(target)} AS t USING {table_ref(source)} AS s ON {on}"]
-    for c in clauses:
+    # Spark's grammar takes the MATCHED clauses first, then NOT MATCHED, then NOT MATCHED BY SOURCE; only the order
+    # within each kind has a meaning.
+    order = {"matched": 0, "notMatched": 1, "notMatchedBySource": 2}
+    for c in sorted(clauses, key=lambda c: order[c.clause_type]):
         when = {
             "matched": "WHEN MATCHED",
             "notMatched": "WHEN NOT MATCHED",
