@@ -162,6 +162,7 @@ def assert_same(
     if theirs.metrics is None:
         return
     assert ours.metrics is not None
-    assert metric_differences(ours.metrics, theirs.metrics) == {}
+    differences = metric_differences(ours.metrics, theirs.metrics)
+    assert not differences, f"operationMetrics (engine, Delta): {differences}"
     if cdf:
         assert changes(delta_spark, ours, columns) == changes(delta_spark, theirs, columns)
