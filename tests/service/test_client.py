@@ -16,8 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from service.client import (
     AsyncMergeClient,
@@ -310,3 +311,34 @@ def test_unreachable_service_is_unavailable_error() -> None:
         pytest.raises(UnavailableError),
     ):
         c.get("01ARZ3NDEKTSV4RRFFQ69G5FAV")
+
+
+def python_blocks(doc: Path) -> list[str]:
+    text = doc.read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def demo_table(service: Service, name: str) -> str:
+    path = service.home.lake / name / "customers"
+    data = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ada", "Grace", "Edsger"], "city": ["L", "A", "N"]}
+    )
+    write_deltalake(str(path), data)
+    return str(path)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/client.md"])
+def test_the_documented_first_merge_runs(service: Service, doc: str, capsys: pytest.CaptureFixture[str]) -> None:
+    target = demo_table(service, doc.replace("/", "-"))
+    code = python_blocks(ROOT / doc)[0]
+    assert 'os.path.abspath("var/lake/demo/customers")' in code
+    code = code.replace('os.path.abspath("var/lake/demo/customers")', repr(target))
+    code = code.replace("http://127.0.0.1:8000", service.url)
+    exec(compile(code, doc, "exec"), {})
+    assert "'num_inserted_rows': 1" in capsys.readouterr().out
+    assert {r["id"]: r["city"] for r in DeltaTable(target).to_pyarrow_table().to_pylist()} == {
+        1: "L",
+        2: "New York",
+        3: "N",
+        4: "Boston",
+    }
