@@ -31,6 +31,10 @@ EXIT_ERROR = 8  # any other answer: 401, 404, 409...
 EXIT_UNFINISHED = 9  # `status` of a job still queued or running
 EXIT_BY_STATUS = {"succeeded": EXIT_SUCCEEDED, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 COMMANDS = ("submit", "wait", "status", "cancel", "list")
+# Read by the client commands, not by the service: they say where the service is and who calls it.
+ENV_URL = "MERGE_SERVICE_URL"
+ENV_TOKEN = "MERGE_SERVICE_TOKEN"
+CLIENT_VARIABLES = frozenset({ENV_URL, ENV_TOKEN})
 
 
 def add_parsers(sub: Any) -> None:
@@ -127,8 +131,8 @@ def _run(args: argparse.Namespace, client: MergeClient) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Run one client subcommand; map each outcome to its exit code, with the problem on stderr."""
-    url = args.url or os.environ.get("MERGE_SERVICE_URL") or DEFAULT_URL
-    token = args.token or os.environ.get("MERGE_SERVICE_TOKEN") or None
+    url = args.url or os.environ.get(ENV_URL) or DEFAULT_URL
+    token = args.token or os.environ.get(ENV_TOKEN) or None
     try:
         with MergeClient(url, token) as client:
             return _run(args, client)
