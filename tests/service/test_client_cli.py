@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from service.client import Job, MergeClient, merge, rows_source
 from service.client_cli import (
@@ -23,6 +28,8 @@ from service.client_cli import (
     Progress,
 )
 from tests.service.client_service import SCHEMA, Service, free_port, run_cli, running_service
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +115,20 @@ def test_progress_redraws_one_line_on_a_terminal_and_prints_changes_otherwise() 
         ["running", "writing"],
         ["succeeded", "done"],
     ]
+
+
+def test_the_readme_one_command_merge(service: Service) -> None:
+    readme = (ROOT / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if line.startswith(".venv/bin/merge-service submit"))
+    cwd = service.home.lake / "readme-cli"
+    table = cwd / "var" / "lake" / "demo" / "customers"
+    data = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ada", "Grace", "Edsger"], "city": ["L", "A", "N"]}
+    )
+    write_deltalake(str(table), data)
+    env = {**os.environ, "MERGE_SERVICE_URL": service.url, "PYTHONPATH": str(ROOT)}
+    command = command.replace(".venv/bin/merge-service", f"{shlex.quote(sys.executable)} -m service.cli", 1)
+    done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == EXIT_SUCCEEDED, done.stderr
+    assert json.loads(done.stdout)["result"]["num_inserted_rows"] == 1
+    assert sorted(r["id"] for r in DeltaTable(str(table)).to_pyarrow_table().to_pylist()) == [1, 2, 3, 4]
