@@ -22,6 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from service.client import (
     AsyncMergeClient,
+    ConflictError,
     JobCancelledError,
     JobFailedError,
     MergeClient,
@@ -342,3 +343,17 @@ def test_the_documented_first_merge_runs(service: Service, doc: str, capsys: pyt
         3: "N",
         4: "Boston",
     }
+
+
+def test_own_idempotency_key_replays_the_job_and_conflicts_on_another_body(
+    service: Service, client: MergeClient
+) -> None:
+    target = service.table("keyed")
+    builder = merge(target, rows_source([{"id": 1, "name": "x"}], SCHEMA), "target.id = source.id").as_dry_run()
+    first = client.submit(builder.when_matched_delete(), idempotency_key="nightly-2026-11-24")
+    again = client.submit(builder.when_matched_delete(), idempotency_key="nightly-2026-11-24")
+    assert again.id == first.id
+    with pytest.raises(ConflictError) as caught:
+        client.submit(builder.when_matched_update_all(), idempotency_key="nightly-2026-11-24")
+    assert caught.value.type == "urn:merge-service:problem:idempotency-conflict"
+    assert [j.id for j in client.list(target=target)] == [first.id]
