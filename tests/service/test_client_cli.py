@@ -81,15 +81,15 @@ def test_refused_unknown_and_unreachable_exit_codes(service: Service) -> None:
 def test_wait_timeout_cancel_and_cancelled_exit_codes(service: Service) -> None:
     target = service.table("cancel")
     with MergeClient(service.url) as client:
-        handles = [client.submit(upsert(target, 10 + n)) for n in range(3)]
-    last = handles[-1].id  # queued behind two merges of the same table
+        handles = [client.submit(upsert(target, 10 + n)) for n in range(7)]
+    last = handles[-1].id  # queued behind six merges of the same table, which run one at a time
     timed_out = run_cli("wait", last, "--timeout", "0.1", url=service.url)
     assert timed_out.returncode == EXIT_TIMED_OUT, timed_out.stderr
     assert run_cli("cancel", last, url=service.url).returncode == EXIT_SUCCEEDED
     cancelled = run_cli("wait", last, url=service.url)
     assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
-    assert run_cli("wait", handles[1].id, url=service.url).returncode == EXIT_SUCCEEDED
-    assert DeltaTable(target).version() == 2
+    assert run_cli("wait", handles[-2].id, url=service.url).returncode == EXIT_SUCCEEDED
+    assert DeltaTable(target).version() == 6
 
 
 class Terminal(io.StringIO):
