@@ -1,4 +1,5 @@
-"""``merge-service``: serve (API and workers in one process), api, worker, migrate, demo."""
+"""``merge-service``: serve (API and workers in one process), api, worker, migrate, demo; and, as a client of a
+running service, submit, wait, status, cancel, list."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from service import client_cli
 from service.errors import DatabaseUnavailableError
 from service.logs import configure_logging
 from service.manager import JobManager
@@ -223,11 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="bring the job database's schema up to date")
     demo = sub.add_parser("demo", help="create a small Delta table and print a merge to try")
     demo.add_argument("--url", default="http://127.0.0.1:8000")
+    client_cli.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in client_cli.COMMANDS:
+        return client_cli.main(args)
     settings = Settings()
     configure_logging(settings.log_level, json=settings.log_json)
     if args.command in ("serve", "api", "worker"):
