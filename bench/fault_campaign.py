@@ -645,6 +645,8 @@ def campaign(
             )
             if out is not None and index % 10 == 0:
                 _write(out, seed, started, totals, records, c, error)
+    except KeyboardInterrupt:
+        echo("campaign stopped by a signal")
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         echo(f"campaign stopped: {error}")
@@ -716,6 +718,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="a new directory for the lake, logs and database")
     parser.add_argument("--until", type=float, default=None, help="stop starting runs after this epoch time")
     args = parser.parse_args(argv)
+    # Stopped by SIGTERM or SIGINT (also when started in the background, where SIGINT is ignored), the campaign
+    # still writes its result and stops every process it started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.default_int_handler(signal.SIGINT, None))
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = set(kinds) - set(ALL_KINDS)
     if unknown:
