@@ -294,6 +294,13 @@ class JobControl:
             except LeaseLostError:
                 self.lease_lost = True
                 raise
+            except DatabaseUnavailableError as exc:
+                # Before the commit a phase is progress to show: the attempt goes on while its lease lasts, as
+                # its heartbeats do. The commit itself waits for the job database to confirm the lease.
+                if phase == Phase.COMMITTING.value:
+                    raise
+                log.warning("could not record the phase; the job database is unavailable", phase=phase, error=repr(exc))
+                cancel = False
             if cancel:
                 self.cancel_requested = True
                 raise CancelRequestedError("cancel requested")

@@ -78,6 +78,7 @@ class PostgresServer:
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
+        self.options = options  # the fault campaign starts the server again after killing it
         self._run(
             "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.dir / "server.log"), "-w", "-t", "60", "start"
         )
