@@ -40,7 +40,7 @@ compose-check: $(STAMP)
 	$(BIN)/python deploy/test/compose_check.py
 
 # Delta on Spark for the oracle tests (tests/oracle): the pyspark wheel Delta supports and Delta's jars from Maven
-# Central, once, into ~/.cache/merge-service/delta-spark (MERGE_SERVICE_DELTA_SPARK_CACHE moves it).
+# Central, once, into ~/.cache/merge-service/delta-spark (MERGE_DELTA_SPARK_CACHE moves it).
 delta-spark: $(STAMP) check-java
 	$(BIN)/python -m tests.oracle.delta_spark
 

@@ -89,6 +89,14 @@ class SparkUnavailableError(MergeServiceEngineError):
     retryable = True
 
 
+class StorageWriteError(MergeServiceEngineError):
+    """Spark could not write the lake's storage (SQLSTATE class 58, system errors: a full disk, a lost mount).
+    Nothing was committed, and the storage may recover, so the merge is retried."""
+
+    title = "Storage write failed"
+    retryable = True
+
+
 # --- the Delta table layer -----------------------------------------------------------------------------------
 
 

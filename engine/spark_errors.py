@@ -12,6 +12,7 @@ from engine.errors import (
     MergeResolutionError,
     MergeServiceEngineError,
     SparkUnavailableError,
+    StorageWriteError,
     spark_error_message,
 )
 
@@ -46,6 +47,9 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
         return DataCastError(f"A value does not fit its target column: {first}")
     if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
         return MergeResolutionError(first)
+    if _is_storage_failure(exc, condition, text):
+        cause = " (No space left on device)" if "No space left on device" in text else ""
+        return StorageWriteError(f"Spark could not write the table's files{cause}: {first}")
     name = type(exc).__name__
     if name in ("SparkConnectGrpcException", "RetriesExceeded") and any(
         k in text for k in ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed", "DEADLINE")
@@ -54,3 +58,16 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
     if name == "AnalysisException":
         return MergeResolutionError(first)
     return MergeExecutionError(first)
+
+
+def _is_storage_failure(exc: PySparkException, condition: str, text: str) -> bool:
+    """A write that failed in the storage, not in the data: Spark's TASK_WRITE_FAILED or any SQLSTATE of class
+    58 (system errors), or the operating system's own words for a full disk."""
+    state = ""
+    getter = getattr(exc, "getSqlState", None)
+    if getter is not None:
+        try:
+            state = getter() or ""
+        except Exception:
+            state = ""
+    return condition.startswith("TASK_WRITE_FAILED") or state.startswith("58") or "No space left on device" in text

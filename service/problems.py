@@ -217,7 +217,7 @@ def _engine_status(exc: BaseException) -> int | None:
         ),
     ):
         return 422
-    if isinstance(exc, engine_errors.SparkUnavailableError):
+    if isinstance(exc, engine_errors.SparkUnavailableError | engine_errors.StorageWriteError):
         return 503
     return None
 

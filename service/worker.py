@@ -224,8 +224,11 @@ class EngineRunner:
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Transient failures only: what the engine marks retryable, a lost lease, Spark Connect unreachable."""
-    if isinstance(exc, LeaseLostError):
+    """Transient failures only: what the engine marks retryable, a lost lease, the job database away, Spark
+    Connect unreachable."""
+    if isinstance(exc, LeaseLostError | DatabaseUnavailableError):
+        # The commit waits for the job database to confirm the lease: without it the merge stopped before its
+        # commit, and the next attempt (which looks for the job's txn first) is safe once the database is back.
         return True
     if isinstance(exc, engine_errors.MergeServiceEngineError):
         return bool(exc.retryable)

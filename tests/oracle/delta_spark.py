@@ -7,7 +7,7 @@ Spark Connect on loopback; the product's 4.3 Connect client drives it (SQL, read
 ``table_changes``), so the tests talk to both Sparks the same way.
 
 ``python -m tests.oracle.delta_spark`` (``make delta-spark``) prepares the cache; the ``delta_spark`` fixture does
-the same on first use. ``MERGE_SERVICE_DELTA_SPARK_CACHE`` moves the cache (default
+the same on first use. ``MERGE_DELTA_SPARK_CACHE`` moves the cache (default
 ``~/.cache/merge-service/delta-spark``).
 """
 
@@ -50,7 +50,7 @@ class RegistryUnreachableError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    configured = os.environ.get("MERGE_SERVICE_DELTA_SPARK_CACHE")
+    configured = os.environ.get("MERGE_DELTA_SPARK_CACHE")
     return Path(configured) if configured else Path.home() / ".cache" / "merge-service" / "delta-spark"
 
 
