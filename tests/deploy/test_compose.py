@@ -1,5 +1,6 @@
 """The deployment end to end (deploy/test/compose_check.py): runs when this machine has a dockerd, or can start
-one (root with apt-get); `-m "not compose"` leaves it out."""
+one (root with apt-get). `make test` leaves it out (pyproject.toml: `-m "not compose"`): it takes 20 minutes
+or more; `make compose-check` or `pytest -m compose` runs it."""
 
 from __future__ import annotations
 
