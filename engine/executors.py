@@ -343,12 +343,15 @@ class ClassicMergeExecutor:
 def _record_deletion_vector_metrics(
     m: dict[str, int], removed: list[AddFile], updated: list[tuple[AddFile, AddFile]]
 ) -> None:
-    """Delta's counts for a merge with deletion vectors: no row is copied; a vector replacing an old one is
-    updated, a first vector added, and the vectors of files removed outright removed."""
+    """Delta's counts for a merge with deletion vectors (as Delta on Spark reports them): no row is copied;
+    every new vector is added, every old vector of a touched file removed, and a new vector that replaces an
+    old one is also counted as updated."""
     m["numTargetRowsCopied"] = 0
-    m["numTargetDeletionVectorsAdded"] = sum(1 for old, _ in updated if old.deletion_vector is None)
+    m["numTargetDeletionVectorsAdded"] = len(updated)
     m["numTargetDeletionVectorsUpdated"] = sum(1 for old, _ in updated if old.deletion_vector is not None)
-    m["numTargetDeletionVectorsRemoved"] = sum(1 for f in removed if f.deletion_vector is not None)
+    m["numTargetDeletionVectorsRemoved"] = sum(
+        1 for f in [*removed, *(old for old, _ in updated)] if f.deletion_vector is not None
+    )
 
 
 @dataclass(frozen=True)

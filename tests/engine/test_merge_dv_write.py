@@ -5,6 +5,7 @@ computed in Python and read back by delta-rs (which applies the vectors); the lo
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ from pyspark.sql import SparkSession
 
 from engine import run_merge
 from engine.delta import load_snapshot
-from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
+from engine.delta.transaction import Transaction
+from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, make_spec, stray_files, write_table
+from tests.oracle.fixtures import delta_spark, delta_spark_server  # noqa: F401
+from tests.oracle.tables import make_delta_table
 
 Row = tuple[Any, ...]
 
@@ -99,7 +103,8 @@ def test_upsert_writes_deletion_vectors(spark: SparkSession, lake: Path) -> None
     readded2 = [a["add"] for a in _commit(target) if "add" in a and "deletionVector" in a["add"]]
     assert [a["deletionVector"]["cardinality"] for a in readded2] == [4]
     assert result2.metrics["numTargetDeletionVectorsUpdated"] == 1
-    assert result2.metrics["numTargetDeletionVectorsAdded"] == 0
+    assert result2.metrics["numTargetDeletionVectorsAdded"] == 1
+    assert result2.metrics["numTargetDeletionVectorsRemoved"] == 1
     assert not stray_files(target)
 
 
@@ -198,3 +203,117 @@ def test_change_data_feed_equals_copy_on_write(spark: SparkSession, lake: Path, 
         results.append((_cdf(target), _live(target)))
     assert results[0] == results[1]
     assert results[0][0]
+
+
+def test_concurrent_vector_change_conflicts(spark: SparkSession, lake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that changes a file's vector between the merge's read and its commit removes the same path: the
+    merge's commit conflicts and is redone, so neither writer's deletions are lost."""
+    target = _target(lake)
+    files = _files_by_first_id(target)
+    live = _live(target)
+    original = Transaction.commit
+    calls: list[int] = []
+
+    def commit_after_a_rival(self: Transaction, *args: Any, **kwargs: Any) -> int:
+        calls.append(self.read_version)
+        if len(calls) == 1:
+            delete_rows(target, {files[0]: [50]})  # id 50, same file as the merge's id 3
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transaction, "commit", commit_after_a_rival)
+    source = write_table(lake / "source", _rows([3], "s"))
+    run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
+    assert len(calls) == 2 and calls[1] > calls[0]
+    expected = {i: r for i, r in live.items() if i != 50}
+    expected[3] = (3, "s3", 3)
+    assert _live(target) == expected
+    (vector,) = [f.deletion_vector for f in load_snapshot(target).files if f.path == files[0]]
+    assert vector is not None and vector.cardinality == 2
+    assert not stray_files(target)
+
+
+DELTA_METRICS = (
+    "numTargetRowsUpdated",
+    "numTargetRowsInserted",
+    "numTargetRowsDeleted",
+    "numTargetRowsCopied",
+    "numTargetDeletionVectorsAdded",
+    "numTargetDeletionVectorsUpdated",
+    "numTargetDeletionVectorsRemoved",
+    "numTargetFilesRemoved",
+)
+"""The metrics that do not depend on how the new rows are split into files."""
+
+
+@pytest.mark.parametrize(
+    "merge",
+    [
+        "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+        "WHEN MATCHED AND s.id % 2 = 0 THEN DELETE WHEN NOT MATCHED BY SOURCE AND t.id < 3 THEN DELETE",
+    ],
+)
+def test_delta_on_spark_reads_the_merge_and_agrees(
+    spark: SparkSession,
+    delta_spark: SparkSession,  # noqa: F811
+    tmp_path: Path,
+    merge: str,
+) -> None:
+    """Delta on Spark merges a copy of the same table (one with a vector it wrote itself): its full scan of the
+    engine's result equals its own result, DESCRIBE DETAIL reads the table, and the metrics agree."""
+    ours = make_delta_table(
+        delta_spark,
+        tmp_path / "ours",
+        "id BIGINT, v STRING, n BIGINT",
+        [(i, f"t{i}", i) for i in range(40)],
+        properties={"delta.enableDeletionVectors": "true"},
+        then_sql=["DELETE FROM {table} WHERE id IN (1, 9, 21)"],
+    )
+    theirs = tmp_path / "theirs"
+    shutil.copytree(ours, theirs)
+    source_rows = [(i, f"s{i}", -i) for i in (0, 2, 9, 10, 21, 33, 50)]
+    source = write_table(
+        tmp_path / "source",
+        pa.table(
+            {
+                "id": pa.array([r[0] for r in source_rows], pa.int64()),
+                "v": [r[1] for r in source_rows],
+                "n": pa.array([r[2] for r in source_rows], pa.int64()),
+            }
+        ),
+    )
+    clauses = {
+        "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *": [
+            clause("matched", "update_all"),
+            clause("notMatched", "insert_all"),
+        ],
+    }.get(merge) or [clause("matched", "delete", "s.id % 2 = 0"), clause("notMatchedBySource", "delete", "t.id < 3")]
+    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses))
+    delta_spark.sql(f"MERGE INTO delta.`{theirs}` t USING delta.`{source}` s ON t.id = s.id {merge}").collect()
+
+    def scan(path: Path) -> list[Row]:
+        return [tuple(r) for r in delta_spark.sql(f"SELECT id, v, n FROM delta.`{path}` ORDER BY id").collect()]
+
+    assert scan(ours) == scan(theirs)
+    assert {(r[0], r[1], r[2]) for r in scan(ours)} == set(_live(ours).values())
+    detail = delta_spark.sql(f"DESCRIBE DETAIL delta.`{ours}`").collect()[0]
+    assert detail.numFiles == len(load_snapshot(ours).files)
+    history = delta_spark.sql(f"DESCRIBE HISTORY delta.`{theirs}` LIMIT 1").collect()[0]
+    theirs_metrics = {k: int(history.operationMetrics[k]) for k in DELTA_METRICS}
+    assert {k: result.metrics[k] for k in DELTA_METRICS} == theirs_metrics
+    assert any("deletionVector" in a.get("add", {}) for a in _commit(ours))
+
+
+def test_add_before_remove_keeps_the_new_vector(spark: SparkSession, lake: Path) -> None:
+    """Delta's DELETE writes the file's new ``add`` before the ``remove`` of its old vector; log replay keys
+    file actions by path and vector, so the new vector stays live and a merge sees the rows it deletes."""
+    target = _target(lake)
+    files = _files_by_first_id(target)
+    version = delete_rows(target, {files[0]: [3]})
+    entry = target / "_delta_log" / f"{version:020d}.json"
+    lines = entry.read_text().splitlines()
+    entry.write_text("\n".join(sorted(lines, key=lambda line: '"remove"' in line)) + "\n")
+    assert lines != sorted(lines, key=lambda line: '"remove"' in line)
+    source = write_table(lake / "source", _rows([3, 4], "s"))
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
+    assert result.metrics["numTargetRowsUpdated"] == 1
+    assert 3 not in _live(target)
