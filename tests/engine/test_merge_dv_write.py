@@ -5,7 +5,11 @@ computed in Python and read back by delta-rs (which applies the vectors); the lo
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from engine.delta import load_snapshot
 from engine.delta.transaction import Transaction
 from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, make_spec, stray_files, write_table
+from tests.engine.test_merge_dv import _KILLED_MERGE, REPO
 from tests.oracle.fixtures import delta_spark, delta_spark_server  # noqa: F401
 from tests.oracle.tables import make_delta_table
 
@@ -230,6 +235,8 @@ def test_concurrent_vector_change_conflicts(spark: SparkSession, lake: Path, mon
     (vector,) = [f.deletion_vector for f in load_snapshot(target).files if f.path == files[0]]
     assert vector is not None and vector.cardinality == 2
     assert not stray_files(target)
+    # The rival's vector file and the redone merge's: the first attempt's went with its discarded write.
+    assert len(list(target.rglob("deletion_vector_*.bin"))) == 2
 
 
 DELTA_METRICS = (
@@ -317,3 +324,31 @@ def test_add_before_remove_keeps_the_new_vector(spark: SparkSession, lake: Path)
     result = run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
     assert result.metrics["numTargetRowsUpdated"] == 1
     assert 3 not in _live(target)
+
+
+def test_killed_merge_leaves_no_visible_vector(spark_remote: str, lake: Path) -> None:
+    """A merge killed after writing its data and vector files, before its commit: the log and the live rows are
+    as they were, and the vector file is garbage no log entry names."""
+    target = _target(lake)
+    before = load_snapshot(target)
+    live = _live(target)
+    source = write_table(lake / "source", _rows([3, 20, 250, 1000], "s"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MERGE, spark_remote, str(target), str(source)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "written":
+        proc.wait(30)
+        raise AssertionError(proc.stderr.read()[-3000:] if proc.stderr else "merge process died")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    after = load_snapshot(target)
+    assert after.version == before.version
+    assert all(f.deletion_vector is None for f in after.files)
+    assert _live(target) == live
+    assert list(target.rglob("deletion_vector_*.bin"))  # written, named by no live file
