@@ -21,6 +21,7 @@ from sqlglot import exp
 from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot
+from engine.delta import write as delta_write
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
@@ -172,16 +173,22 @@ class MergeIntoCommand:
             key_exprs=key_exprs,
             source_rows_estimate=self._source_rows_estimate(),
             source_key_ranges=dict(self._source_keys.ranges),
+            write_deletion_vectors=self._writes_deletion_vectors(snapshot),
         )
         self._ctx = ctx
-        added, cdc_files, removed = self._write(ctx)
-        self._finish_metrics(snapshot, added, removed)
+        readded: list[AddFile] = []
+        if ctx.write_deletion_vectors:
+            added, cdc_files, removed, readded = self._write_with_deletion_vectors(ctx)
+            self._finish_metrics(snapshot, added, [f for f in removed if f.path not in {a.path for a in readded}])
+        else:
+            added, cdc_files, removed = self._write(ctx)
+            self._finish_metrics(snapshot, added, removed)
         changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
         version = None
         # As Delta does, the time is taken before the commit: the commit records it in operationMetrics.
         m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
         if changed and not self.dry_run:
-            version = self._commit(snapshot, resolved, predicate, candidates, [*added, *cdc_files], removed)
+            version = self._commit(snapshot, resolved, predicate, candidates, [*readded, *added, *cdc_files], removed)
         return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
 
     def _skip_files(
@@ -224,6 +231,35 @@ class MergeIntoCommand:
             else:
                 added = []
         return added, cdc_files, removed
+
+    def _writes_deletion_vectors(self, snapshot: Snapshot) -> bool:
+        """Merge-on-read: the spec allows it, the table is deletionVectorsWritable, and some clause updates or
+        deletes target rows."""
+        return (
+            self.spec.deletion_vectors == "auto"
+            and not self.spec.is_insert_only
+            and delta_write.deletion_vectors_writable(snapshot)
+        )
+
+    def _write_with_deletion_vectors(
+        self, ctx: MergeContext
+    ) -> tuple[list[AddFile], list[AddCDCFile], list[AddFile], list[AddFile]]:
+        """The executors' work with deletion vectors: the data and change files added, the files removed (those
+        given a new vector are among them, removed with their old one) and the same paths added back with
+        their new vectors."""
+        self.on_progress("finding_touched_files")
+        executor = ClassicMergeExecutor(ctx)
+        touched, _ = executor.find_touched_files_or_write(self.on_progress)
+        if touched:
+            changes = executor.write_all_changes_with_deletion_vectors()
+            removed = [*changes.removed, *[old for old, _ in changes.updated]]
+            return changes.added, changes.cdc_files, removed, [new for _, new in changes.updated]
+        if self.spec.not_matched:
+            added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
+                filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan"
+            )
+            return added, [], [], []
+        return [], [], [], []
 
     def _finish_metrics(self, snapshot: Snapshot, added: list[AddFile], removed: list[AddFile]) -> None:
         m = self.metrics

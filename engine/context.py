@@ -54,6 +54,8 @@ class MergeContext:
     touched_files_known: bool = False
     """The single pass found the touched files (and no multiple match) but had to give up its write."""
     key_bitmap: KeyBitmap | None = None
+    write_deletion_vectors: bool = False
+    """Merge-on-read: updated and deleted target rows are marked in deletion vectors; no row is copied."""
 
     @property
     def output_names(self) -> list[str]:

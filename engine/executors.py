@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, GroupedData
@@ -25,7 +26,8 @@ from pyspark.sql import functions as F
 
 from engine import delta, single_pass
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
-from engine.delta import AddFile
+from engine.delta import AddCDCFile, AddFile
+from engine.delta.write import mark_rows_deleted
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import KeyedOn, quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column
@@ -60,6 +62,7 @@ from engine.write_files import (
     record_write_metrics,
     repartition_for_write,
     write_changes,
+    write_changes_with_deletion_vectors,
 )
 
 MULTIPLE_MATCH_EXAMPLES = 5
@@ -304,6 +307,64 @@ class ClassicMergeExecutor:
         record_write_metrics(ctx, observed_counts(observed), cdc_files, int(second_scan.get.get("rows", 0) or 0))
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
+
+    def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
+        """Delta's writeAllChanges with deletion vectors (Delta 3.1+): the touched files joined with the source
+        as in the copy-on-write path, but only updated and inserted rows are written; the target rows that
+        are updated or deleted are marked in their files' deletion vectors (DMLWithDeletionVectorsHelper)."""
+        ctx = self.ctx
+        spec = ctx.spec
+        start = time.monotonic()
+        target = ctx.target_df(ctx.touched_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
+        dedup_columns: list[str] = []
+        if ctx.cdc_enabled and ctx.deduplicate_cdf_deletes:
+            target = target.withColumn(TARGET_ROW_INDEX_COL, F.monotonically_increasing_id() * 2)
+            dedup_columns.append(TARGET_ROW_INDEX_COL)
+            if spec.not_matched:
+                source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
+                dedup_columns.append(SOURCE_ROW_INDEX_COL)
+        second_scan = Observation("secondScan")
+        counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
+        s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
+        how = "right_outer" if spec.is_matched_only else "full_outer"
+        joined = counted.alias(s).join(target.alias(t), on, how)
+        added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
+            ctx, joined, dedup_columns, write_id=ctx.write_id
+        )
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
+        observed = second_scan.get
+        record_write_metrics(ctx, counts, cdc_files, int(observed.get("rows", 0) or 0) if observed else 0)
+        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return DeletionVectorChanges(added, cdc_files, removed, updated)
+
+
+def _record_deletion_vector_metrics(
+    m: dict[str, int], removed: list[AddFile], updated: list[tuple[AddFile, AddFile]]
+) -> None:
+    """Delta's counts for a merge with deletion vectors (as Delta on Spark reports them): no row is copied;
+    every new vector is added, every old vector of a touched file removed, and a new vector that replaces an
+    old one is also counted as updated."""
+    m["numTargetRowsCopied"] = 0
+    m["numTargetDeletionVectorsAdded"] = len(updated)
+    m["numTargetDeletionVectorsUpdated"] = sum(1 for old, _ in updated if old.deletion_vector is not None)
+    m["numTargetDeletionVectorsRemoved"] = sum(
+        1 for f in [*removed, *(old for old, _ in updated)] if f.deletion_vector is not None
+    )
+
+
+@dataclass(frozen=True)
+class DeletionVectorChanges:
+    """What a merge-on-read writeAllChanges leaves to commit."""
+
+    added: list[AddFile]
+    """The new data files: updated and inserted rows."""
+    cdc_files: list[AddCDCFile]
+    removed: list[AddFile]
+    """Touched files every row of which is now deleted: removed outright."""
+    updated: list[tuple[AddFile, AddFile]]
+    """Touched files given a new deletion vector: (the file as it was, the same path with the new vector)."""
 
 
 class InsertOnlyMergeExecutor:

@@ -76,6 +76,8 @@ def takes_single_pass(ctx: MergeContext) -> bool:
     equality (plus source-only conjuncts), every match must touch its file, and the key statistics must
     expect every candidate file to be touched."""
     spec = ctx.spec
+    if ctx.write_deletion_vectors:
+        return False  # The single pass rewrites whole files; a deletion-vector merge writes only changed rows.
     if not ctx.candidate_files or delta.known_num_records(ctx.candidate_files) is None:
         return False
     if spec.not_matched_by_source:

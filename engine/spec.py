@@ -104,6 +104,8 @@ class QuerySource:
 
 Source = TableSource | RowsSource | QuerySource
 
+DeletionVectorsMode = Literal["auto", "off"]
+
 
 @dataclass(frozen=True)
 class MergeSpec:
@@ -119,6 +121,10 @@ class MergeSpec:
     lake_roots: tuple[str, ...] = ()
     """Directories beyond each table's own from which files may be read (a log may name files by absolute
     path, as shallow clones do); empty: only the tables' and sources' own directories."""
+    deletion_vectors: DeletionVectorsMode = "auto"
+    """Delta's ``spark.databricks.delta.merge.deletionVectors.persistent``: ``auto`` marks updated and deleted
+    rows in deletion vectors where the table allows them (the deletionVectors feature and
+    ``delta.enableDeletionVectors``); ``off`` rewrites the touched files."""
 
     @property
     def clauses(self) -> tuple[MergeClause, ...]:
@@ -161,6 +167,8 @@ class MergeSpec:
                 raise MergeSpecError(f"Empty condition in {clause.describe()}.")
         if self.target_alias.lower() == self.source_alias.lower():
             raise MergeSpecError(f"The target and source aliases must differ (both are {self.target_alias!r}).")
+        if self.deletion_vectors not in ("auto", "off"):
+            raise MergeSpecError(f"deletion_vectors is 'auto' or 'off', not {self.deletion_vectors!r}.")
         if not self.on.strip():
             raise MergeSpecError("The merge condition (ON) is empty.")
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -26,6 +27,7 @@ from engine.output import (
     NOT_MATCHED_BY_SOURCE_DELETE,
     NOT_MATCHED_BY_SOURCE_UPDATE,
     ROW_DROPPED_COL,
+    action,
     action_counts,
     generate_cdc_and_output_rows,
     generate_precomputed_conditions_and_df,
@@ -50,6 +52,23 @@ def write_changes(
 ) -> tuple[list[AddFile], list[AddCDCFile], Observation]:
     """MergeOutputGeneration over the joined rows, written; ``probes`` are columns computed on the joined
     rows only for ``probe_metrics`` to observe."""
+    projected, preimages, codes = _project(ctx, joined, dedup_columns, probes)
+    obs = Observation("writeAllChanges")
+    observed = observe(
+        projected,
+        obs,
+        *action_counts(codes),
+        *probe_metrics,
+    )
+    added, cdc_files = write_output(ctx, observed, preimages, dedup_columns, write_id=write_id)
+    return added, cdc_files, obs
+
+
+def _project(
+    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], extra: Sequence[Column]
+) -> tuple[DataFrame, list[str], list[str]]:
+    """The output rows of MergeOutputGeneration (with CDF, each with its target row as it was), the preimage
+    columns, and the action codes some clause can yield."""
     spec = ctx.spec
     cdc = ctx.cdc_enabled
     clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
@@ -70,42 +89,89 @@ def write_changes(
         *output_cols,
         *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)],
         *dedup_columns,
-        *probes,
+        *extra,
     )
     projected = repartition_for_write(ctx, projected)
-    obs = Observation("writeAllChanges")
     # Only the actions some clause can take are counted: each count is an aggregate on every output row.
     codes = [COPY]
-    for clauses, update, delete in (
+    for clauses_, update, delete in (
         (ctx.resolved.matched, MATCHED_UPDATE, MATCHED_DELETE),
         (ctx.resolved.not_matched_by_source, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE),
     ):
         codes += [
             c
             for c, present in (
-                (update, any(not r.is_delete for r in clauses)),
-                (delete, any(r.is_delete for r in clauses)),
+                (update, any(not r.is_delete for r in clauses_)),
+                (delete, any(r.is_delete for r in clauses_)),
             )
             if present
         ]
     if ctx.resolved.not_matched:
         codes.append(INSERT)
-    observed = observe(
-        projected,
-        obs,
-        *action_counts(codes),
-        *probe_metrics,
-    )
-    added, cdc_files = write_output(ctx, observed, preimages, dedup_columns, write_id=write_id)
-    return added, cdc_files, obs
+    return projected, preimages, codes
+
+
+_ROW_INDEXES = "_row_indexes_"
+
+MODIFYING_ACTIONS = (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE)
+"""The actions whose target row leaves its file: marked deleted in the file's deletion vector."""
+
+
+def write_changes_with_deletion_vectors(
+    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], *, write_id: str
+) -> tuple[list[AddFile], list[AddCDCFile], dict[str, int], dict[str, BitMap64]]:
+    """Merge-on-read writeAllChanges: ``joined`` carries each target row's ``_file_name_`` and ``_row_index_``.
+    Only updated and inserted rows (and change rows) are written; copied rows stay where they are. Answers the
+    added data and change files, the rows of each action, and by file the row indexes of the target rows that
+    were updated or deleted (for the files' deletion vectors). The output is cached so that the write and the
+    row indexes come from the same rows."""
+    file_columns = [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)]
+    projected, preimages, codes = _project(ctx, joined, dedup_columns, file_columns)
+    projected = projected.persist()
+    try:
+        modifying = F.col(ACTION_COL).isin([action(c) for c in MODIFYING_ACTIONS])
+        summary = (
+            projected.groupBy(delta.FILE_NAME_COL)
+            .agg(
+                *action_counts(codes),
+                F.collect_list(F.when(modifying, F.col(delta.ROW_INDEX_COL))).alias(_ROW_INDEXES),
+            )
+            .collect()
+        )
+        counts = dict.fromkeys(codes, 0)
+        deleted: dict[str, BitMap64] = {}
+        for row in summary:
+            for code in codes:
+                counts[code] += int(row[code] or 0)
+            if row[_ROW_INDEXES]:
+                deleted.setdefault(row[delta.FILE_NAME_COL], BitMap64()).update(row[_ROW_INDEXES])
+        written_actions = (MATCHED_UPDATE, NOT_MATCHED_BY_SOURCE_UPDATE, INSERT)
+        writes_rows = ctx.cdc_enabled or any(counts.get(c, 0) for c in written_actions)
+        added: list[AddFile] = []
+        cdc_files: list[AddCDCFile] = []
+        if writes_rows:
+            added, cdc_files = write_output(ctx, projected, preimages, dedup_columns, write_id=write_id, copies=False)
+    finally:
+        projected.unpersist()
+    return added, cdc_files, counts, deleted
 
 
 def write_output(
-    ctx: MergeContext, rows: DataFrame, preimages: Sequence[str], dedup_columns: Sequence[str], *, write_id: str
+    ctx: MergeContext,
+    rows: DataFrame,
+    preimages: Sequence[str],
+    dedup_columns: Sequence[str],
+    *,
+    write_id: str,
+    copies: bool = True,
 ) -> WrittenFiles:
-    """The output rows written, less the dropped ones; with Change Data Feed, with their change rows."""
+    """The output rows written, less the dropped ones; with Change Data Feed, with their change rows. Without
+    ``copies`` the target rows no clause changed are left out of the data (they stay live in their files)."""
     if not ctx.cdc_enabled:
-        output = rows.where(~F.col(ROW_DROPPED_COL)).select(*[quote_identifier(n) for n in ctx.output_names])
+        kept = ~F.col(ROW_DROPPED_COL)
+        if not copies:
+            kept = kept & (F.col(ACTION_COL) != action(COPY))
+        output = rows.where(kept).select(*[quote_identifier(n) for n in ctx.output_names])
         return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)), []
     names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
     changes = (
@@ -116,13 +182,18 @@ def write_output(
             [F.col(n) for n in preimages],
             dedup_columns,
         )
-        .where(~F.col(ROW_DROPPED_COL))
+        .where(~F.col(ROW_DROPPED_COL) & (F.lit(copies) | ~_copied_data_row()))
         .drop(ROW_DROPPED_COL, ACTION_COL)
     )
     # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
     return delta.write_data_and_cdc_files(
         ctx.spark, changes, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)
     )
+
+
+def _copied_data_row() -> Column:
+    """A data row (not a change row) of a target row that no clause changed."""
+    return F.col(CDC_TYPE_COL).isNull() & (F.col(ACTION_COL) == action(COPY))
 
 
 def record_write_metrics(

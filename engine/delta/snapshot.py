@@ -235,7 +235,17 @@ def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescri
             raise DeltaError(f"File {body.get('path')!r} has a malformed deletion vector: {exc}") from exc
         live[body["path"]] = (descriptor, _tight_bounds(body.get("stats")))
     elif "remove" in action:
-        live.pop(action["remove"]["path"], None)
+        # Delta keys file actions by (path, deletion vector id): a remove cancels only the add it names, so
+        # Delta's own DELETE, which writes the new add before the remove of the old vector, keeps the new one.
+        body = action["remove"]
+        raw = body.get("deletionVector")
+        try:
+            removed = DeletionVectorDescriptor.from_json(raw).unique_id if raw else None
+        except DeletionVectorError as exc:
+            raise DeltaError(f"File {body.get('path')!r} has a malformed deletion vector: {exc}") from exc
+        current = live.get(body["path"])
+        if current is not None and (current[0].unique_id if current[0] is not None else None) == removed:
+            del live[body["path"]]
 
 
 def _tight_bounds(stats: Any) -> bool | None:

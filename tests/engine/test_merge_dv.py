@@ -79,7 +79,11 @@ def test_upsert_into_dv_table(spark: SparkSession, lake: Path, plan: FindPlan, b
     assert len(live) == 300 - 10
     source = write_table(lake / "source", _rows(SOURCE_IDS, "s"))
     spec = make_spec(
-        target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+        target,
+        source,
+        "t.id = s.id",
+        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+        deletion_vectors="off",
     )
     with find_plan(plan), join_plan(broadcast=broadcast):
         result = run_merge(spark, spec)
@@ -121,6 +125,7 @@ def test_delete_and_not_matched_by_source_over_dv_table(spark: SparkSession, lak
             clause("notMatchedBySource", "update", "t.id >= 290", v="'gone soon'"),
             clause("notMatchedBySource", "delete", "t.id < 10"),
         ],
+        deletion_vectors="off",
     )
     result = run_merge(spark, spec)
     expected = {}
@@ -149,7 +154,9 @@ def test_a_deleted_duplicate_is_no_multiple_match(spark: SparkSession, lake: Pat
     delete_rows(path, {only: [2]})
     source = write_table(lake / "source", _rows([2], "s"))
     for plan in ("source_keys", "target_rows", "single_pass"):
-        spec = make_spec(path, source, "t.id = s.id", [clause("matched", "update", n="t.n + 10")])
+        spec = make_spec(
+            path, source, "t.id = s.id", [clause("matched", "update", n="t.n + 10")], deletion_vectors="off"
+        )
         with find_plan(plan):  # type: ignore[arg-type]
             result = run_merge(spark, spec)
         assert result.result["num_updated_rows"] == 1

@@ -360,14 +360,14 @@ def test_a_broken_check_constraint_fails_the_merge(
 
 
 def test_a_table_that_allows_deletion_vectors_is_merged_by_rewriting_files(spark: SparkSession, tmp_path: Path) -> None:
-    """delta.enableDeletionVectors lets writers mark rows deleted; rewriting files instead is what Delta's
-    protocol allows any writer, and deltalake does the same."""
+    """delta.enableDeletionVectors lets writers mark rows deleted; rewriting files instead (``deletion_vectors``
+    off) is what Delta's protocol allows any writer, and deltalake does the same."""
     dv = {"delta.enableDeletionVectors": "true"}
     ours = write_table(tmp_path / "ours", TARGET, configuration=dv)
     theirs = write_table(tmp_path / "theirs", TARGET, configuration=dv)
     source = write_table(tmp_path / "s", SOURCE)
     clauses = [clause("matched", "delete", "s.n IS NULL"), *UPSERT]
-    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses))
+    result = run_merge(spark, make_spec(ours, source, "t.id = s.id", clauses, deletion_vectors="off"))
     expected = oracle_merge(theirs, SOURCE, "t.id = s.id", clauses)
     assert {k: result.result[k] for k in expected} == expected
 
