@@ -81,15 +81,17 @@ def test_refused_unknown_and_unreachable_exit_codes(service: Service) -> None:
 def test_wait_timeout_cancel_and_cancelled_exit_codes(service: Service) -> None:
     target = service.table("cancel")
     with MergeClient(service.url) as client:
-        handles = [client.submit(upsert(target, 10 + n)) for n in range(7)]
-    last = handles[-1].id  # queued behind six merges of the same table, which run one at a time
-    timed_out = run_cli("wait", last, "--timeout", "0.1", url=service.url)
-    assert timed_out.returncode == EXIT_TIMED_OUT, timed_out.stderr
+        handles = [client.submit(upsert(target, 10 + n)) for n in range(13)]
+    # Merges of one table run one at a time: the last job waits behind twelve, the one before it behind eleven,
+    # many times longer than a command takes to start. The cancel comes first, while the last job is surely queued.
+    last, before_last = handles[-1].id, handles[-2].id
     assert run_cli("cancel", last, url=service.url).returncode == EXIT_SUCCEEDED
+    timed_out = run_cli("wait", before_last, "--timeout", "0.1", url=service.url)
+    assert timed_out.returncode == EXIT_TIMED_OUT, timed_out.stderr
     cancelled = run_cli("wait", last, url=service.url)
     assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
-    assert run_cli("wait", handles[-2].id, url=service.url).returncode == EXIT_SUCCEEDED
-    assert DeltaTable(target).version() == 6
+    assert run_cli("wait", before_last, url=service.url).returncode == EXIT_SUCCEEDED
+    assert DeltaTable(target).version() == 12
 
 
 class Terminal(io.StringIO):
