@@ -283,21 +283,27 @@ class ClassicMergeExecutor:
             on_progress("writing")
         return touched, written
 
-    def write_all_changes(self) -> WrittenFiles:
-        """Rewrite the touched files joined with the source; answers the added data and change files."""
+    def _sides_for_write(self, *, file_columns: bool) -> tuple[DataFrame, DataFrame, list[str]]:
+        """The touched files and the source for writeAllChanges' join, each marked present, with the row indexes
+        Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal)."""
         ctx = self.ctx
-        spec = ctx.spec
-        start = time.monotonic()
-        target = ctx.target_df(ctx.touched_files, file_columns=False).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
+        target = ctx.target_df(ctx.touched_files, file_columns=file_columns)
+        target = target.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         dedup_columns: list[str] = []
         if ctx.cdc_enabled and ctx.deduplicate_cdf_deletes:
-            # DeduplicateCDFDeletes: row indexes to keep one delete per target row (even / odd: never equal).
             target = target.withColumn(TARGET_ROW_INDEX_COL, F.monotonically_increasing_id() * 2)
             dedup_columns.append(TARGET_ROW_INDEX_COL)
-            if spec.not_matched:
+            if ctx.spec.not_matched:
                 source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
                 dedup_columns.append(SOURCE_ROW_INDEX_COL)
+        return target, source, dedup_columns
+
+    def write_all_changes(self) -> WrittenFiles:
+        """Rewrite the touched files joined with the source; answers the added data and change files."""
+        ctx = self.ctx
+        start = time.monotonic()
+        target, source, dedup_columns = self._sides_for_write(file_columns=False)
         # numSourceRowsInSecondScan: every source row the write reads, matched or not (Delta counts them on
         # the join's source side).
         second_scan = Observation("secondScan")
@@ -315,15 +321,7 @@ class ClassicMergeExecutor:
         ctx = self.ctx
         spec = ctx.spec
         start = time.monotonic()
-        target = ctx.target_df(ctx.touched_files).withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
-        source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
-        dedup_columns: list[str] = []
-        if ctx.cdc_enabled and ctx.deduplicate_cdf_deletes:
-            target = target.withColumn(TARGET_ROW_INDEX_COL, F.monotonically_increasing_id() * 2)
-            dedup_columns.append(TARGET_ROW_INDEX_COL)
-            if spec.not_matched:
-                source = source.withColumn(SOURCE_ROW_INDEX_COL, F.monotonically_increasing_id() * 2 + 1)
-                dedup_columns.append(SOURCE_ROW_INDEX_COL)
+        target, source, dedup_columns = self._sides_for_write(file_columns=True)
         second_scan = Observation("secondScan")
         counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
