@@ -5,10 +5,6 @@ count live rows, and delta-rs reads the result back."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +16,14 @@ from pyspark.sql import SparkSession
 from engine import run_merge
 from engine.delta import load_snapshot
 from engine.delta import scan as scan_module
-from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, file_paths, read_with_deltalake
+from tests.engine.delta.dv_tables import (
+    delete_rows,
+    enable_deletion_vectors,
+    file_paths,
+    kill_once_written,
+    read_with_deltalake,
+)
 from tests.engine.harness import FindPlan, clause, find_plan, join_plan, make_spec, stray_files, write_table
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _rows(ids: list[int], tag: str) -> pa.Table:
@@ -208,20 +208,7 @@ def test_merge_killed_mid_write_leaves_the_table_as_it_was(spark_remote: str, la
     before_rows = _live(target)
     before = load_snapshot(target)
     source = write_table(lake / "source", _rows(SOURCE_IDS, "s"))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MERGE, spark_remote, str(target), str(source)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != "written":
-        proc.wait(30)
-        raise AssertionError(proc.stderr.read()[-3000:] if proc.stderr else "merge process died")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    kill_once_written(_KILLED_MERGE, spark_remote, str(target), str(source))
     after = load_snapshot(target)
     assert after.version == before.version
     assert {f.path: f.deletion_vector for f in after.files} == {f.path: f.deletion_vector for f in before.files}

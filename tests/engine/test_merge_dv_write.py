@@ -5,11 +5,7 @@ computed in Python and read back by delta-rs (which applies the vectors); the lo
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +17,9 @@ from pyspark.sql import SparkSession
 from engine import run_merge
 from engine.delta import load_snapshot
 from engine.delta.transaction import Transaction
-from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, read_with_deltalake
+from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, kill_once_written, read_with_deltalake
 from tests.engine.harness import clause, make_spec, stray_files, write_table
-from tests.engine.test_merge_dv import _KILLED_MERGE, REPO
+from tests.engine.test_merge_dv import _KILLED_MERGE
 from tests.oracle.fixtures import delta_spark, delta_spark_server  # noqa: F401
 from tests.oracle.tables import make_delta_table
 
@@ -333,20 +329,7 @@ def test_killed_merge_leaves_no_visible_vector(spark_remote: str, lake: Path) ->
     before = load_snapshot(target)
     live = _live(target)
     source = write_table(lake / "source", _rows([3, 20, 250, 1000], "s"))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_MERGE, spark_remote, str(target), str(source)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != "written":
-        proc.wait(30)
-        raise AssertionError(proc.stderr.read()[-3000:] if proc.stderr else "merge process died")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    kill_once_written(_KILLED_MERGE, spark_remote, str(target), str(source))
     after = load_snapshot(target)
     assert after.version == before.version
     assert all(f.deletion_vector is None for f in after.files)

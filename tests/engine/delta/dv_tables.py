@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -115,3 +118,20 @@ def read_with_deltalake(path: str | Path, order_by: str = "id") -> pa.Table:
     table = DeltaTable(str(path))
     reader = QueryBuilder().register("t", table).execute(f"SELECT * FROM t ORDER BY {order_by}")
     return pa.table(reader.read_all())
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def kill_once_written(script: str, *args: str) -> None:
+    """Run ``script`` (a merge in a process of its own) until it prints ``written`` - its files are written and its
+    commit not yet made - then SIGKILL it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "written":
+        proc.wait(30)
+        raise AssertionError(proc.stderr.read()[-3000:] if proc.stderr else "merge process died")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
