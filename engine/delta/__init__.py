@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from engine.delta.actions import (
         AddCDCFile,
         AddFile,
-        CommitEntry,
         FileStats,
         Metadata,
         Protocol,
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
         known_num_records,
     )
     from engine.delta.app_transactions import commit_info, find_app_transaction_commit
+    from engine.delta.commits import CommitEntry
     from engine.delta.constraints import GENERATION_KEY
     from engine.delta.features import DEFAULT_KEY, check_can_modify, check_supported
     from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AddCDCFile": "engine.delta.actions",
     "AddFile": "engine.delta.actions",
-    "CommitEntry": "engine.delta.actions",
+    "CommitEntry": "engine.delta.commits",
     "FileStats": "engine.delta.actions",
     "Metadata": "engine.delta.actions",
     "Protocol": "engine.delta.actions",

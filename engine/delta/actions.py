@@ -15,8 +15,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
-from engine.delta.errors import CorruptLogError
+from engine.delta.deletion_vectors import DeletionVectorDescriptor
 from engine.delta.paths import log_path_to_local
 from engine.delta.values import field_at, leaf_fields, normalize_stat_value, put_at_path, stat_value_json
 
@@ -384,124 +383,15 @@ def parse_schema(schema_string: str) -> T.StructType:
     return parsed
 
 
-@dataclass(frozen=True)
-class CommitEntry:
-    """One parsed commit file: what conflict checks read of a winning commit."""
-
-    version: int
-    adds: tuple[AddFile, ...] = ()
-    removes: tuple[RemoveFile, ...] = ()
-    cdc: tuple[AddCDCFile, ...] = ()
-    metadata: Metadata | None = None
-    protocol: Protocol | None = None
-    txns: tuple[SetTransaction, ...] = ()
-    commit_info: Mapping[str, Any] | None = None
-    other: tuple[str, ...] = ()
-    """Names of actions this layer does not model (domainMetadata, checkpointMetadata...)."""
-
-
-def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
-    """Parse ``_delta_log/<version>.json`` (newline-delimited actions). ``schema`` types add statistics."""
-    adds: list[AddFile] = []
-    removes: list[RemoveFile] = []
-    cdcs: list[AddCDCFile] = []
-    txns: list[SetTransaction] = []
-    other: list[str] = []
-    metadata: Metadata | None = None
-    protocol: Protocol | None = None
-    commit_info: Mapping[str, Any] | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            action = json.loads(line)
-        except ValueError as exc:
-            raise CorruptLogError(f"Commit {version}, line {number} is not JSON: {exc}") from exc
-        if not isinstance(action, dict) or len(action) != 1:
-            raise CorruptLogError(f"Commit {version}, line {number} is not one action")
-        ((kind, body),) = action.items()
-        if kind == "add":
-            if metadata is not None:
-                schema = metadata.schema
-            adds.append(
-                AddFile(
-                    path=body["path"],
-                    size=int(body.get("size") or 0),
-                    partition_values=dict(body.get("partitionValues") or {}),
-                    modification_time=int(body.get("modificationTime") or 0),
-                    data_change=bool(body.get("dataChange", True)),
-                    stats=FileStats.from_json(body.get("stats"), schema),
-                    tags=body.get("tags"),
-                    deletion_vector=_descriptor(version, number, body),
-                )
-            )
-        elif kind == "remove":
-            removes.append(
-                RemoveFile(
-                    path=body["path"],
-                    deletion_timestamp=int(body.get("deletionTimestamp") or 0),
-                    data_change=bool(body.get("dataChange", True)),
-                    extended_file_metadata=bool(body.get("extendedFileMetadata", False)),
-                    partition_values=dict(body.get("partitionValues") or {}),
-                    size=body.get("size"),
-                    tags=body.get("tags"),
-                    deletion_vector=_descriptor(version, number, body),
-                )
-            )
-        elif kind == "cdc":
-            cdcs.append(
-                AddCDCFile(
-                    path=body["path"],
-                    partition_values=dict(body.get("partitionValues") or {}),
-                    size=int(body.get("size") or 0),
-                    data_change=bool(body.get("dataChange", False)),
-                    tags=body.get("tags"),
-                )
-            )
-        elif kind == "metaData":
-            metadata = Metadata.from_action(body)
-        elif kind == "protocol":
-            protocol = Protocol.from_action(body)
-        elif kind == "txn":
-            txns.append(SetTransaction(body["appId"], int(body["version"]), body.get("lastUpdated")))
-        elif kind == "commitInfo":
-            commit_info = body
-        else:
-            other.append(kind)
-    return CommitEntry(
-        version, tuple(adds), tuple(removes), tuple(cdcs), metadata, protocol, tuple(txns), commit_info, tuple(other)
-    )
-
-
-def _descriptor(version: int, number: int, body: Mapping[str, Any]) -> DeletionVectorDescriptor | None:
-    raw = body.get("deletionVector")
-    if not raw:
-        return None
-    if not isinstance(raw, Mapping):
-        raise CorruptLogError(f"Commit {version}, line {number}: deletionVector is not a struct")
-    try:
-        return DeletionVectorDescriptor.from_json(raw)
-    except DeletionVectorError as exc:
-        raise CorruptLogError(f"Commit {version}, line {number}: {exc}") from exc
-
-
-def actions_to_json_lines(actions: Sequence[Mapping[str, Any]]) -> bytes:
-    """Newline-delimited JSON, as Delta commit files are written."""
-    return ("\n".join(json.dumps(a, ensure_ascii=False, separators=(",", ":")) for a in actions) + "\n").encode()
-
-
 __all__ = [
     "Action",
     "AddCDCFile",
     "AddFile",
-    "CommitEntry",
     "FileStats",
     "Metadata",
     "Protocol",
     "RemoveFile",
     "SetTransaction",
-    "actions_to_json_lines",
     "now_millis",
-    "parse_commit",
     "parse_schema",
 ]

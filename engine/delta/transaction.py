@@ -29,15 +29,13 @@ from sqlglot import exp
 from engine.delta.actions import (
     AddCDCFile,
     AddFile,
-    CommitEntry,
     Metadata,
     Protocol,
     RemoveFile,
     SetTransaction,
-    actions_to_json_lines,
     now_millis,
-    parse_commit,
 )
+from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError
 from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported
 from engine.delta.skipping import FilePredicate

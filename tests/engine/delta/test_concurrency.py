@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from engine.delta import Transaction, load_snapshot
-from engine.delta.actions import parse_commit
+from engine.delta.commits import parse_commit
 from engine.errors import (
     ConcurrentAppendError,
     ConcurrentDeleteDeleteError,
