@@ -14,6 +14,7 @@ from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, HttpMetricsMiddleware
 from service.paths import LakeRoots
 from service.problems import PROBLEM_MEDIA_TYPE, install_handlers
+from service.readiness import DatabaseReadiness
 from service.routers import health, merges
 from service.routers import metrics as metrics_router
 from service.settings import Settings
@@ -40,10 +41,12 @@ def create_app(
     manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
     metrics = metrics or ServiceMetrics()
     metrics.watch_queue(manager)
+    readiness = DatabaseReadiness(manager, settings.readiness_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        readiness.close()
         if owns_manager:
             manager.dispose()
 
@@ -58,6 +61,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.roots = LakeRoots(settings.lake_roots)
     app.state.workers = list(workers)
+    app.state.database_readiness = readiness
 
     install_handlers(app)
     if include_merges:

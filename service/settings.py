@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     and never waits on Spark."""
     spark_probe_timeout_seconds: float = Field(default=3.0, gt=0)
     """A probe that has not answered within this time makes /readyz answer 503."""
+    readiness_timeout_seconds: float = Field(default=2.0, gt=0)
+    """How long /readyz waits for the job database's answer before it answers 503."""
 
     @field_validator("lake_roots", "api_tokens", "admin_tokens", mode="before")
     @classmethod
