@@ -108,6 +108,11 @@ class EngineRunner:
         engine_spark.close_session(spark, release=False)
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: ProgressCallback, tag: str) -> RunResult:
+        """One attempt. The engine's spec is built once, from the request body the job row stores, and checked
+        by this process's engine on the way (``build_merge``); ``run_merge`` runs it as checked. The check is
+        skipped only where this process already accepted the same expressions (the API in this process did at
+        submission, or an earlier job did): a row another process wrote, which may run another version of the
+        service, is always checked here before anything runs it."""
         built = build_merge(parse_request(job.spec), self.roots)
         spark = self.session()
         spark.addTag(tag)
@@ -118,6 +123,7 @@ class EngineRunner:
                 txn=txn,
                 on_progress=on_progress,
                 dry_run=job.dry_run,
+                validated=True,
             )
         except Exception as exc:
             if not engine_spark.session_lost(spark, exc):
