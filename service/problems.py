@@ -199,53 +199,37 @@ def _answer(request: Request, status: int, **fields: Any) -> ProblemResponse:
     return problem(status=status, instance=request.url.path, **fields)
 
 
+def _answer_for(request: Request, exc: Exception, status: int, title: str, **fields: Any) -> ProblemResponse:
+    """The problem document of the kind ``exc``'s class names in ``PROBLEM_SLUGS``."""
+    return _answer(request, status, title=title, type_=problem_type(slug_for(exc)), **fields)
+
+
 async def _validation(request: Request, exc: RequestValidationError) -> ProblemResponse:
     errors = _validation_errors(exc)
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-    return _answer(
-        request, 422, title="Invalid request", detail=detail, type_=problem_type(slug_for(exc)), errors=errors
-    )
+    return _answer_for(request, exc, 422, "Invalid request", detail=detail, errors=errors)
 
 
 async def _invalid_merge(request: Request, exc: RequestValidationProblem) -> ProblemResponse:
-    return _answer(
-        request,
-        422,
-        title=exc.title,
-        detail=exc.message,
-        type_=problem_type(slug_for(exc)),
-        errors=[{"field": exc.field, "message": exc.message}],
-    )
+    errors = [{"field": exc.field, "message": exc.message}]
+    return _answer_for(request, exc, 422, exc.title, detail=exc.message, errors=errors)
 
 
 async def _cursor(request: Request, exc: InvalidCursorError) -> ProblemResponse:
-    return _answer(
-        request,
-        422,
-        title="Invalid cursor",
-        detail=str(exc),
-        type_=problem_type(slug_for(exc)),
-        errors=[{"field": "query cursor", "message": str(exc)}],
-    )
+    errors = [{"field": "query cursor", "message": str(exc)}]
+    return _answer_for(request, exc, 422, "Invalid cursor", detail=str(exc), errors=errors)
 
 
 async def _not_found(request: Request, exc: JobNotFoundError) -> ProblemResponse:
-    return _answer(request, 404, title="Job not found", detail=str(exc), type_=problem_type(slug_for(exc)))
+    return _answer_for(request, exc, 404, "Job not found", detail=str(exc))
 
 
 async def _conflict(request: Request, exc: IdempotencyConflictError) -> ProblemResponse:
-    return _answer(request, 409, title="Idempotency key reused", detail=str(exc), type_=problem_type(slug_for(exc)))
+    return _answer_for(request, exc, 409, "Idempotency key reused", detail=str(exc))
 
 
 async def _db_down(request: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
-    return _answer(
-        request,
-        503,
-        title="Job database unavailable",
-        detail=str(exc),
-        type_=problem_type(slug_for(exc)),
-        headers={"Retry-After": "5"},
-    )
+    return _answer_for(request, exc, 503, "Job database unavailable", detail=str(exc), headers={"Retry-After": "5"})
 
 
 async def _http(request: Request, exc: StarletteHTTPException) -> Response:
