@@ -59,10 +59,15 @@ def run_merge(
     txn: AppTransaction | None = None,
     on_progress: ProgressCallback | None = None,
     dry_run: bool = False,
+    validated: bool = False,
 ) -> MergeResult:
     """Apply one merge to its target as one Delta commit. A commit that loses a race with a conflicting one is
-    redone from a fresh snapshot a few times before the conflict is raised."""
-    spec = validate_spec(spec)
+    redone from a fresh snapshot a few times before the conflict is raised.
+
+    ``validated``: ``spec`` is what ``validate_spec`` returned for it in this process, so it is not checked again.
+    """
+    if not validated:
+        spec = validate_spec(spec)
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
             return MergeIntoCommand(spark, spec, txn=txn, on_progress=on_progress, dry_run=dry_run).run()

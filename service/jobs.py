@@ -105,6 +105,10 @@ class NewJob:
     target: str
     target_key: str
     spec: dict[str, Any]
+    """The request body as submitted, in JSON, and not the engine's spec built from it: the job row is the source
+    of truth between the process that accepted the job and the one that runs it, which may run another version of
+    the service (during a rolling upgrade, or after a retry lands on a newer worker). Each process builds and
+    checks the engine's spec from this body with its own code and its own lake roots."""
     dry_run: bool
     idempotency_key: str | None = None
     request_hash: str | None = None

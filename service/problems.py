@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -13,14 +14,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 import engine.errors as engine_errors
+from engine.delta.deletion_vectors import DeletionVectorError
+from engine.delta.errors import (
+    CommitRetriesExhaustedError,
+    CorruptLogError,
+    InvalidWriteError,
+    WriteSchemaMismatchError,
+)
 from service.errors import (
     CancelRequestedError,
     DatabaseUnavailableError,
     IdempotencyConflictError,
     InvalidCursorError,
+    InvalidTransitionError,
     JobNotFoundError,
     LeaseLostError,
     RequestValidationProblem,
+    ServiceError,
 )
 from service.schemas import CLAUSE_TAGS, UNION_TAGS
 
@@ -31,6 +41,74 @@ log = structlog.get_logger(__name__)
 
 def problem_type(slug: str) -> str:
     return TYPE_BASE + slug
+
+
+INTERNAL_SLUG = "internal"
+"""What a failure the service did not foresee is: an unexpected error, a 500."""
+GENERIC_ENGINE_SLUG = "merge-failed"
+"""An engine error of a kind this table does not name yet."""
+
+PROBLEM_SLUGS: dict[type[BaseException], str] = {
+    # The API's own refusals and the service's errors.
+    RequestValidationError: "invalid-request",
+    InvalidCursorError: "invalid-request",
+    RequestValidationProblem: "invalid-merge",
+    JobNotFoundError: "job-not-found",
+    IdempotencyConflictError: "idempotency-conflict",
+    DatabaseUnavailableError: "database-unavailable",
+    LeaseLostError: "lease-lost",
+    CancelRequestedError: "cancelled",
+    InvalidTransitionError: INTERNAL_SLUG,
+    ServiceError: INTERNAL_SLUG,
+    # The engine's errors: the spec and its resolution.
+    engine_errors.MergeServiceEngineError: GENERIC_ENGINE_SLUG,
+    engine_errors.MergeSpecError: "merge-spec",
+    engine_errors.MergeResolutionError: "merge-resolution",
+    engine_errors.SchemaMismatchError: "schema-mismatch",
+    engine_errors.SourceError: "source",
+    engine_errors.SourceRowError: "source-row",
+    # Running the merge.
+    engine_errors.MultipleMatchError: "multiple-match",
+    engine_errors.DataCastError: "data-cast",
+    engine_errors.MergeExecutionError: "merge-execution",
+    engine_errors.MergeCancelledError: "cancelled",
+    engine_errors.SparkUnavailableError: "spark-unavailable",
+    engine_errors.StorageWriteError: "storage-write",
+    # The Delta table layer.
+    engine_errors.DeltaError: "delta",
+    engine_errors.TableNotFoundError: "table-not-found",
+    engine_errors.UnsupportedTableFeatureError: "unsupported-table-feature",
+    engine_errors.AppendOnlyTableError: "append-only-table",
+    engine_errors.InvariantViolationError: "invariant-violation",
+    WriteSchemaMismatchError: "write-schema-mismatch",
+    InvalidWriteError: "invalid-write",
+    CorruptLogError: "corrupt-log",
+    DeletionVectorError: "deletion-vector",
+    # Committing.
+    engine_errors.CommitFailedError: "commit-failed",
+    engine_errors.CommitStateUnknownError: "commit-state-unknown",
+    engine_errors.ConcurrentModificationError: "concurrent-modification",
+    engine_errors.ConcurrentAppendError: "concurrent-append",
+    engine_errors.ConcurrentDeleteReadError: "concurrent-delete-read",
+    engine_errors.ConcurrentDeleteDeleteError: "concurrent-delete-delete",
+    engine_errors.MetadataChangedError: "metadata-changed",
+    engine_errors.ProtocolChangedError: "protocol-changed",
+    engine_errors.ConcurrentTransactionError: "concurrent-transaction",
+    CommitRetriesExhaustedError: "commit-retries-exhausted",
+}
+"""The public problem ``type`` of every error class, spelled out: the slug is a contract (docs/api.md lists each),
+so renaming a class must not change it. Each class is named even where it shares its base's slug."""
+
+
+def slug_for(error: BaseException | type[BaseException]) -> str:
+    """The slug of an error or error class. A class the table does not name answers its nearest named base's slug
+    (an engine error at least the generic ``merge-failed``), anything else ``internal``."""
+    kind = error if isinstance(error, type) else type(error)
+    for base in kind.__mro__:
+        slug = PROBLEM_SLUGS.get(base)
+        if slug is not None:
+            return slug
+    return INTERNAL_SLUG
 
 
 class ProblemResponse(JSONResponse):
@@ -114,91 +192,82 @@ def allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+# --- the API's answers ------------------------------------------------------------------------------------------
+
+
+def _answer(request: Request, status: int, **fields: Any) -> ProblemResponse:
+    return problem(status=status, instance=request.url.path, **fields)
+
+
+def _answer_for(request: Request, exc: Exception, status: int, title: str, **fields: Any) -> ProblemResponse:
+    """The problem document of the kind ``exc``'s class names in ``PROBLEM_SLUGS``."""
+    return _answer(request, status, title=title, type_=problem_type(slug_for(exc)), **fields)
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> ProblemResponse:
+    errors = _validation_errors(exc)
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    return _answer_for(request, exc, 422, "Invalid request", detail=detail, errors=errors)
+
+
+async def _invalid_merge(request: Request, exc: RequestValidationProblem) -> ProblemResponse:
+    errors = [{"field": exc.field, "message": exc.message}]
+    return _answer_for(request, exc, 422, exc.title, detail=exc.message, errors=errors)
+
+
+async def _cursor(request: Request, exc: InvalidCursorError) -> ProblemResponse:
+    errors = [{"field": "query cursor", "message": str(exc)}]
+    return _answer_for(request, exc, 422, "Invalid cursor", detail=str(exc), errors=errors)
+
+
+async def _not_found(request: Request, exc: JobNotFoundError) -> ProblemResponse:
+    return _answer_for(request, exc, 404, "Job not found", detail=str(exc))
+
+
+async def _conflict(request: Request, exc: IdempotencyConflictError) -> ProblemResponse:
+    return _answer_for(request, exc, 409, "Idempotency key reused", detail=str(exc))
+
+
+async def _db_down(request: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
+    return _answer_for(request, exc, 503, "Job database unavailable", detail=str(exc), headers={"Retry-After": "5"})
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+    detail: str | None = exc.detail if isinstance(exc.detail, str) else None
+    if detail == HTTPStatus(exc.status_code).phrase:
+        detail = None
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers=headers)
+    return _answer(request, exc.status_code, detail=detail, headers=headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> ProblemResponse:
+    log.exception("unhandled error", error=repr(exc))
+    return _answer(request, 500, detail="The service failed to handle the request.")
+
+
+HANDLERS: tuple[tuple[type[Exception], Callable[..., Awaitable[Response]]], ...] = (
+    (RequestValidationError, _validation),
+    (RequestValidationProblem, _invalid_merge),
+    (InvalidCursorError, _cursor),
+    (JobNotFoundError, _not_found),
+    (IdempotencyConflictError, _conflict),
+    (DatabaseUnavailableError, _db_down),
+    (StarletteHTTPException, _http),
+    (Exception, _unexpected),
+)
+
+
 def install_handlers(app: FastAPI) -> None:
     """Replace FastAPI's default error answers with problem documents."""
-
-    def answer(request: Request, status: int, **fields: Any) -> ProblemResponse:
-        return problem(status=status, instance=request.url.path, **fields)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> ProblemResponse:
-        errors = _validation_errors(exc)
-        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-        return answer(
-            request, 422, title="Invalid request", detail=detail, type_=problem_type("invalid-request"), errors=errors
-        )
-
-    @app.exception_handler(RequestValidationProblem)
-    async def _invalid_merge(request: Request, exc: RequestValidationProblem) -> ProblemResponse:
-        return answer(
-            request,
-            422,
-            title=exc.title,
-            detail=exc.message,
-            type_=problem_type("invalid-merge"),
-            errors=[{"field": exc.field, "message": exc.message}],
-        )
-
-    @app.exception_handler(InvalidCursorError)
-    async def _cursor(request: Request, exc: InvalidCursorError) -> ProblemResponse:
-        return answer(
-            request,
-            422,
-            title="Invalid cursor",
-            detail=str(exc),
-            type_=problem_type("invalid-request"),
-            errors=[{"field": "query cursor", "message": str(exc)}],
-        )
-
-    @app.exception_handler(JobNotFoundError)
-    async def _not_found(request: Request, exc: JobNotFoundError) -> ProblemResponse:
-        return answer(request, 404, title="Job not found", detail=str(exc), type_=problem_type("job-not-found"))
-
-    @app.exception_handler(IdempotencyConflictError)
-    async def _conflict(request: Request, exc: IdempotencyConflictError) -> ProblemResponse:
-        return answer(
-            request, 409, title="Idempotency key reused", detail=str(exc), type_=problem_type("idempotency-conflict")
-        )
-
-    @app.exception_handler(DatabaseUnavailableError)
-    async def _db_down(request: Request, exc: DatabaseUnavailableError) -> ProblemResponse:
-        return answer(
-            request,
-            503,
-            title="Job database unavailable",
-            detail=str(exc),
-            type_=problem_type("database-unavailable"),
-            headers={"Retry-After": "5"},
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        detail: str | None = exc.detail if isinstance(exc.detail, str) else None
-        if detail == HTTPStatus(exc.status_code).phrase:
-            detail = None
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:
-            headers["Allow"] = ", ".join(allowed_methods(request))
-            if request.method == "OPTIONS":
-                return Response(status_code=204, headers=headers)
-        return answer(request, exc.status_code, detail=detail, headers=headers)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> ProblemResponse:
-        log.exception("unhandled error", error=repr(exc))
-        return answer(request, 500, detail="The service failed to handle the request.")
+    for exc_class, handler in HANDLERS:
+        app.exception_handler(exc_class)(handler)
 
 
 # --- the ``error`` of a job -------------------------------------------------------------------------------------
-
-
-def _slug(name: str) -> str:
-    out = []
-    for i, ch in enumerate(name.removesuffix("Error")):
-        if ch.isupper() and i:
-            out.append("-")
-        out.append(ch.lower())
-    return "".join(out)
 
 
 def _engine_status(exc: BaseException) -> int | None:
@@ -227,12 +296,12 @@ def job_problem(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, CancelRequestedError | engine_errors.MergeCancelledError):
         return cancelled_problem("The merge was cancelled before its commit started; the table is unchanged.")
     if isinstance(exc, LeaseLostError):
-        return {"type": problem_type("lease-lost"), "title": exc.title, "detail": str(exc)}
+        return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": str(exc)}
     if isinstance(exc, RequestValidationProblem):
-        return {"type": problem_type("invalid-merge"), "title": exc.title, "detail": exc.message, "status": 422}
+        return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": exc.message, "status": 422}
     if isinstance(exc, engine_errors.MergeServiceEngineError):
         body: dict[str, Any] = {
-            "type": problem_type(_slug(type(exc).__name__)),
+            "type": problem_type(slug_for(exc)),
             "title": exc.title,
             "detail": str(exc) or exc.title,
         }
@@ -241,7 +310,7 @@ def job_problem(exc: BaseException) -> dict[str, Any]:
             body["status"] = status
         return body
     return {
-        "type": problem_type("internal"),
+        "type": problem_type(INTERNAL_SLUG),
         "title": "Merge failed unexpectedly",
         "detail": f"{type(exc).__name__}: {exc}",
         "status": 500,
@@ -249,12 +318,12 @@ def job_problem(exc: BaseException) -> dict[str, Any]:
 
 
 def cancelled_problem(detail: str) -> dict[str, Any]:
-    return {"type": problem_type("cancelled"), "title": "Merge cancelled", "detail": detail}
+    return {"type": problem_type(slug_for(CancelRequestedError)), "title": "Merge cancelled", "detail": detail}
 
 
 def lease_lost_problem(attempts: int) -> dict[str, Any]:
     return {
-        "type": problem_type("lease-lost"),
+        "type": problem_type(slug_for(LeaseLostError)),
         "title": "Worker lease lost",
         "detail": f"The worker running attempt {attempts} stopped renewing its lease; the job was taken back.",
     }

@@ -44,7 +44,8 @@ GROUPS: tuple[tuple[str, Literal["matched", "notMatched", "notMatchedBySource"],
 @dataclass(frozen=True)
 class BuiltMerge:
     spec: Any
-    """The ``engine.MergeSpec``, with every path resolved to its canonical local form."""
+    """The ``engine.MergeSpec``, checked by the engine, in its canonical form and with every path resolved to its
+    canonical local form: what ``engine.run_merge(..., validated=True)`` runs."""
     target: str
     """The target as the caller wrote it (what the job shows)."""
     target_key: str
@@ -85,17 +86,49 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
 
 
-class ValidExpressions:
-    """Remembers the expression parts of specs that ``engine.validate_spec`` accepted.
+@dataclass(frozen=True)
+class CheckedExpressions:
+    """The parts of a spec that ``engine.validate_spec`` rewrites into their canonical text: what runs in Spark."""
 
-    That check reads only the aliases, the ON condition, the clauses and a source query (never the paths), and
-    parsing their expressions with sqlglot is most of a submission's CPU; integrations send the same few merges
-    again and again. Only acceptance is remembered: a spec that fails is checked anew, so its 422 is unchanged.
+    on: str
+    query: str | None
+    matched: tuple[Any, ...]
+    not_matched: tuple[Any, ...]
+    not_matched_by_source: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, checked: Any) -> CheckedExpressions:
+        query = checked.source.query if isinstance(checked.source, engine.QuerySource) else None
+        return cls(checked.on, query, checked.matched, checked.not_matched, checked.not_matched_by_source)
+
+    def apply(self, spec: Any) -> Any:
+        """``spec`` as ``engine.validate_spec`` returns it, without parsing it again."""
+        source = spec.source
+        if self.query is not None:
+            source = dataclasses.replace(source, query=self.query)
+        return dataclasses.replace(
+            spec,
+            on=self.on,
+            source=source,
+            matched=self.matched,
+            not_matched=self.not_matched,
+            not_matched_by_source=self.not_matched_by_source,
+        )
+
+
+class ValidExpressions:
+    """Remembers the expression parts of specs that ``engine.validate_spec`` accepted, in their canonical form.
+
+    That check reads only the aliases, the ON condition, the clauses, a source query and the names of its
+    relations (never the paths), and parsing their expressions with sqlglot is most of a submission's CPU;
+    integrations send the same few merges again and again. Only acceptance is remembered: a spec that fails is
+    checked anew, so its 422 is unchanged. The memo lives in one process: a spec this process's engine has not
+    checked is checked here before anything runs it.
     """
 
     def __init__(self, size: int = 1024) -> None:
         self.size = size
-        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._seen: OrderedDict[Hashable, CheckedExpressions] = OrderedDict()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -104,11 +137,13 @@ class ValidExpressions:
             assignments = getattr(a, "set", None) or getattr(a, "values", None) or {}
             return type(a).__name__, getattr(a, "star", False), tuple(assignments.items())
 
+        query = spec.source if isinstance(spec.source, engine.QuerySource) else None
         return (
             spec.on,
-            spec.source.query if isinstance(spec.source, engine.QuerySource) else None,
+            None if query is None else (query.query, tuple(query.relations)),
             spec.target_alias,
             spec.source_alias,
+            spec.deletion_vectors,
             tuple(
                 tuple((c.clause_type, c.condition, action(c.action)) for c in group)
                 for group in (spec.matched, spec.not_matched, spec.not_matched_by_source)
@@ -116,17 +151,19 @@ class ValidExpressions:
         )
 
     def validate(self, spec: Any) -> Any:
+        """``spec`` checked and in canonical form, as ``engine.validate_spec`` answers it."""
         key = self.key(spec)
         with self._lock:
-            if key in self._seen:
+            checked = self._seen.get(key)
+            if checked is not None:
                 self._seen.move_to_end(key)
-                return spec
-        engine.validate_spec(spec)  # run_merge validates again and runs the canonical form it returns
-        with self._lock:
-            self._seen[key] = None
-            while len(self._seen) > self.size:
-                self._seen.popitem(last=False)
-        return spec
+        if checked is None:
+            checked = CheckedExpressions.of(engine.validate_spec(spec))
+            with self._lock:
+                self._seen[key] = checked
+                while len(self._seen) > self.size:
+                    self._seen.popitem(last=False)
+        return checked.apply(spec)
 
 
 VALID_EXPRESSIONS = ValidExpressions()

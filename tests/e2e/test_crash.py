@@ -99,6 +99,46 @@ class Crash:
     job: JobRecord
 
 
+def submit_one_job_per_point(api: TestClient, home: Home, jobs: JobManager) -> tuple[dict[str, str], dict[str, str]]:
+    """One job per crash point, each on its own table. Answers the job ids and the crash point of each table."""
+    ids: dict[str, str] = {}
+    crash_at: dict[str, str] = {}
+    for point in CRASH_POINTS:
+        table = home.lake / point
+        create_table(table)
+        response = api.post(
+            "/merges", json=upsert(table, [{"id": 2, "name": "Bea", "n": 1}, {"id": 4, "name": "Dan", "n": 1}])
+        )
+        assert response.status_code == 202, response.text
+        ids[point] = response.json()["id"]
+        crash_at[jobs.get(ids[point]).target_key] = point
+    return ids, crash_at
+
+
+def park_and_kill(
+    home: Home, jobs: JobManager, ids: dict[str, str], crash_at: dict[str, str]
+) -> tuple[dict[str, JobRecord], dict[str, int], dict[str, tuple[str, int] | None]]:
+    """Each job claimed by its own worker process that stops dead at its crash point; what the job row and the
+    table say then; then every one of those workers killed with SIGKILL."""
+    doomed = [home.worker(f"doomed-{i}", crash_at=crash_at) for i in range(len(CRASH_POINTS))]
+    markers = [home.markers / f"{ids[point]}.{point}" for point in CRASH_POINTS]
+    wait_for(
+        lambda: all(m.exists() for m in markers),
+        "every worker parked at its crash point",
+        START_TIMEOUT + 60,
+        alive_all=[p for p, _ in doomed],
+        logs=[log for _, log in doomed],
+    )
+    parked = {point: jobs.get(ids[point]) for point in CRASH_POINTS}
+    versions = {point: DeltaTable(str(home.lake / point)).version() for point in CRASH_POINTS}
+    txns = {point: txn_of(home.lake / point, 1) if versions[point] >= 1 else None for point in CRASH_POINTS}
+    for proc, _ in doomed:
+        proc.send_signal(signal.SIGKILL)
+    for proc, _ in doomed:
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    return parked, versions, txns
+
+
 @pytest.fixture(scope="module")
 def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Crash]]:
     """One job per crash point, each on its own table, each claimed by its own worker process that stops dead
@@ -115,36 +155,8 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     )
     api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
     try:
-        ids: dict[str, str] = {}
-        crash_at: dict[str, str] = {}
-        for point in CRASH_POINTS:
-            table = home.lake / point
-            create_table(table)
-            response = api.post(
-                "/merges", json=upsert(table, [{"id": 2, "name": "Bea", "n": 1}, {"id": 4, "name": "Dan", "n": 1}])
-            )
-            assert response.status_code == 202, response.text
-            ids[point] = response.json()["id"]
-            crash_at[jobs.get(ids[point]).target_key] = point
-
-        doomed = [home.worker(f"doomed-{i}", crash_at=crash_at) for i in range(len(CRASH_POINTS))]
-        markers = [home.markers / f"{ids[point]}.{point}" for point in CRASH_POINTS]
-        wait_for(
-            lambda: all(m.exists() for m in markers),
-            "every worker parked at its crash point",
-            START_TIMEOUT + 60,
-            alive_all=[p for p, _ in doomed],
-            logs=[log for _, log in doomed],
-        )
-        parked = {point: jobs.get(ids[point]) for point in CRASH_POINTS}
-        versions = {point: DeltaTable(str(home.lake / point)).version() for point in CRASH_POINTS}
-        txns = {point: txn_of(home.lake / point, 1) if versions[point] >= 1 else None for point in CRASH_POINTS}
-
-        for proc, _ in doomed:
-            proc.send_signal(signal.SIGKILL)
-        for proc, _ in doomed:
-            assert proc.wait(timeout=30) == -signal.SIGKILL
-
+        ids, crash_at = submit_one_job_per_point(api, home, jobs)
+        parked, versions, txns = park_and_kill(home, jobs, ids, crash_at)
         rescuers = [home.worker(f"rescuer-{i}") for i in range(2)]
         wait_for(
             lambda: all(jobs.get(i).finished for i in ids.values()),

@@ -116,6 +116,58 @@ def holds_a_job(proc: subprocess.Popen[bytes], owners: set[str]) -> bool:
     return any(owner.split(":")[1] == str(proc.pid) for owner in owners)
 
 
+def submit_jobs(api: TestClient, tables: list[Path]) -> tuple[list[str], dict[int, list[int]]]:
+    """JOBS appends spread over the tables. Answers the job ids in submission order and each table's job
+    indexes."""
+    ids: list[str] = []
+    indexes: dict[int, list[int]] = {k: [] for k in range(len(tables))}
+    for index in range(1, JOBS + 1):
+        k = table_of(index)
+        response = api.post("/merges", json=append(tables[k], index))
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+        indexes[k].append(index)
+    return ids, indexes
+
+
+def kill_one_and_stop_one(jobs: JobManager, workers: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    """A crash and a graceful stop, each of a worker that holds a running job when it goes."""
+    logs = [log for _, log in workers]
+    busy: list[subprocess.Popen[bytes]] = []
+
+    def two_busy() -> bool:
+        owners = running_owners(jobs)
+        busy[:] = [p for p, _ in workers if holds_a_job(p, owners)]
+        return len(busy) >= 2
+
+    wait_for(two_busy, "two workers run jobs at once", 60, alive_all=[p for p, _ in workers], logs=logs)
+    killed, stopped = busy[0], busy[1]
+    killed.send_signal(signal.SIGKILL)
+    stopped.send_signal(signal.SIGTERM)
+    assert killed.wait(timeout=30) == -signal.SIGKILL
+    assert stopped.wait(timeout=60) == 0, tails(logs)
+
+
+def assert_applied_once_in_order(table: Path, order: list[JobRecord], indexes: list[int]) -> None:
+    """One table's jobs, in submission order, against its Delta log, its job rows and its data."""
+    assert all(job.status is Status.SUCCEEDED and job.error is None for job in order), order
+    # The Delta log: one MERGE commit per job, its txn the job's seq, in submission order.
+    assert_merged_once(table, order)
+    # Each commit read the version its predecessor committed.
+    assert [commit_info(table, v)["readVersion"] for v in range(1, len(order) + 1)] == list(range(len(order)))
+    # The job rows: one at a time, started in submission order.
+    for before, after in itertools.pairwise(order):
+        assert before.started_at is not None and before.finished_at is not None
+        assert after.started_at is not None
+        assert before.started_at < after.started_at, (before, after)
+        assert before.finished_at <= after.started_at, (before, after)
+    # The data: commit v added the row of the table's v-th job and nothing else; no row twice.
+    for version, index in enumerate(indexes, start=1):
+        assert rows_added(table, version) == [{"id": index, "name": f"job {index}"}], (table, version)
+    data = DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict()
+    assert data == {"id": [0, *indexes], "name": ["created", *(f"job {i}" for i in indexes)]}, table
+
+
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.timeout(420)
@@ -133,16 +185,7 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
     )
     api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
     first = [home.worker(f"worker-{n}") for n in range(WORKERS)]
-
-    # Submitted while the workers start and take the first jobs.
-    ids: list[str] = []
-    indexes: dict[int, list[int]] = {k: [] for k in range(TABLES)}
-    for index in range(1, JOBS + 1):
-        k = table_of(index)
-        response = api.post("/merges", json=append(tables[k], index))
-        assert response.status_code == 202, response.text
-        ids.append(response.json()["id"])
-        indexes[k].append(index)
+    ids, indexes = submit_jobs(api, tables)  # while the workers start and take the first jobs
 
     logs = [log for _, log in first]
     wait_for(
@@ -152,20 +195,7 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
         alive_all=[p for p, _ in first],
         logs=logs,
     )
-    # A crash and a graceful stop, each of a worker that holds a running job when it goes.
-    busy: list[subprocess.Popen[bytes]] = []
-
-    def two_busy() -> bool:
-        owners = running_owners(jobs)
-        busy[:] = [p for p, _ in first if holds_a_job(p, owners)]
-        return len(busy) >= 2
-
-    wait_for(two_busy, "two workers run jobs at once", 60, alive_all=[p for p, _ in first], logs=logs)
-    killed, stopped = busy[0], busy[1]
-    killed.send_signal(signal.SIGKILL)
-    stopped.send_signal(signal.SIGTERM)
-    assert killed.wait(timeout=30) == -signal.SIGKILL
-    assert stopped.wait(timeout=60) == 0, tails(logs)
+    kill_one_and_stop_one(jobs, first)
     at_restart = count_finished(jobs)
     assert at_restart < JOBS, "the restart came while jobs were still to run"
     fresh = [home.worker(f"worker-{n}") for n in range(WORKERS, WORKERS + 2)]
@@ -181,20 +211,4 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
     retried = [job for job in done.values() if job.attempts > 1]
     assert retried, "the crash and the stop sent running jobs back to the queue"
     for k, table in enumerate(tables):
-        order: list[JobRecord] = [done[ids[index - 1]] for index in indexes[k]]
-        assert all(job.status is Status.SUCCEEDED and job.error is None for job in order), order
-        # The Delta log: one MERGE commit per job, its txn the job's seq, in submission order.
-        assert_merged_once(table, order)
-        # Each commit read the version its predecessor committed.
-        assert [commit_info(table, v)["readVersion"] for v in range(1, len(order) + 1)] == list(range(len(order)))
-        # The job rows: one at a time, started in submission order.
-        for before, after in itertools.pairwise(order):
-            assert before.started_at is not None and before.finished_at is not None
-            assert after.started_at is not None
-            assert before.started_at < after.started_at, (before, after)
-            assert before.finished_at <= after.started_at, (before, after)
-        # The data: commit v added the row of the table's v-th job and nothing else; no row twice.
-        for version, index in enumerate(indexes[k], start=1):
-            assert rows_added(table, version) == [{"id": index, "name": f"job {index}"}], (table, version)
-        data = DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict()
-        assert data == {"id": [0, *indexes[k]], "name": ["created", *(f"job {i}" for i in indexes[k])]}, table
+        assert_applied_once_in_order(table, [done[ids[index - 1]] for index in indexes[k]], indexes[k])

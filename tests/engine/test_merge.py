@@ -3,6 +3,8 @@ deltalake differs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 from unittest.mock import patch
@@ -240,6 +242,58 @@ def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) 
         run_merge(spark, make_spec(tmp_path / "missing", source, "t.id = s.id", CASES["upsert"]))
 
 
+KEY_BITS = 1 << 16
+
+
+def tables_sharing_key_bits() -> tuple[pa.Table, pa.Table]:
+    """Keys that share a bit with a source key (k and k + 2**16), negative keys and NULL keys; an INT target key
+    meets a BIGINT source key."""
+    target_ids = [1, 2, 1 + KEY_BITS, 2 + 3 * KEY_BITS, -1, -1 - KEY_BITS, None, 40, 41]
+    target = pa.table(
+        {
+            "id": pa.array(target_ids, pa.int32()),
+            "v": [f"v{i}" for i in range(len(target_ids))],
+            "n": pa.array(range(len(target_ids)), pa.int64()),
+        }
+    )
+    source = pa.table(
+        {
+            "id": pa.array([1, 2, -1, None, 7, 40, 3 + KEY_BITS], pa.int64()),
+            "v": ["a", "b", "c", "d", "e", "x", "f"],
+            "n": pa.array([1, 0, 5, 2, 3, 4, 6], pa.int64()),
+        }
+    )
+    return target, source
+
+
+@contextmanager
+def watching_key_bitmap() -> Iterator[tuple[list[KeyBitmap], list[str]]]:
+    """The key bitmaps built, and which way the source rows matching no target row were found through it."""
+    built: list[KeyBitmap] = []
+    routes: list[str] = []
+    real_bitmap, real_held = KeyBitmap.build, joins.unmatched_source_rows_by_held_rows
+    real_pairs = single_pass.write_in_one_pass_counting_pairs
+
+    def spy_bitmap(*args: Any, **kwargs: Any) -> KeyBitmap:
+        built.append(real_bitmap(*args, **kwargs))
+        return built[-1]
+
+    def spy_held(*args: Any, **kwargs: Any) -> Any:
+        routes.append("held")
+        return real_held(*args, **kwargs)
+
+    def spy_pairs(*args: Any, **kwargs: Any) -> Any:
+        routes.append("pairs")
+        return real_pairs(*args, **kwargs)
+
+    with (
+        patch.object(KeyBitmap, "build", spy_bitmap),
+        patch.object(joins, "unmatched_source_rows_by_held_rows", spy_held),
+        patch.object(single_pass, "write_in_one_pass_counting_pairs", spy_pairs),
+    ):
+        yield built, routes
+
+
 @pytest.mark.parametrize(
     "on",
     ["t.id = s.id", "t.id = s.id AND s.n > 0", "s.id = t.id AND t.v <> 'x'"],
@@ -259,58 +313,23 @@ def test_key_bitmap_answers_as_the_plain_probe(
     spark: SparkSession, tmp_path: Path, on: str, plan: FindPlan | Literal["insert_only"], unmatched: KeyBitmapPlan
 ) -> None:
     """Target rows whose bit is clear skip the probe into the broadcast source, and the source rows matching
-    no target row are found through the bitmap too. Keys that share a bit with a source key (k and k + 2**16),
-    negative keys and NULL keys must come out as the plain join has them; an INT target key meets a BIGINT
-    source key."""
-    bits = 1 << 16
-    target_ids = [1, 2, 1 + bits, 2 + 3 * bits, -1, -1 - bits, None, 40, 41]
-    target = pa.table(
-        {
-            "id": pa.array(target_ids, pa.int32()),
-            "v": [f"v{i}" for i in range(len(target_ids))],
-            "n": pa.array(range(len(target_ids)), pa.int64()),
-        }
-    )
-    source = pa.table(
-        {
-            "id": pa.array([1, 2, -1, None, 7, 40, 3 + bits], pa.int64()),
-            "v": ["a", "b", "c", "d", "e", "x", "f"],
-            "n": pa.array([1, 0, 5, 2, 3, 4, 6], pa.int64()),
-        }
-    )
+    no target row are found through the bitmap too. The keys (see tables_sharing_key_bits) must come out as the
+    plain join has them."""
+    target, source = tables_sharing_key_bits()
     insert = clause("notMatched", "insert", "s.id IS NOT NULL", id="s.id", v="s.v", n="s.n")
     clauses = (
         [insert]
         if plan == "insert_only"
         else [clause("matched", "delete", "s.v = 'b'"), clause("matched", "update", v="s.v", n="t.n + s.n"), insert]
     )
-    built: list[KeyBitmap] = []
-    routes: list[str] = []
-    real_bitmap, real_held = KeyBitmap.build, joins.unmatched_source_rows_by_held_rows
-    real_pairs = single_pass.write_in_one_pass_counting_pairs
-
-    def spy_bitmap(*args: Any, **kwargs: Any) -> KeyBitmap:
-        built.append(real_bitmap(*args, **kwargs))
-        return built[-1]
-
-    def spy_held(*args: Any, **kwargs: Any) -> Any:
-        routes.append("held")
-        return real_held(*args, **kwargs)
-
-    def spy_pairs(*args: Any, **kwargs: Any) -> Any:
-        routes.append("pairs")
-        return real_pairs(*args, **kwargs)
-
     with (
         find_plan("source_keys" if plan == "insert_only" else plan),
         join_plan(broadcast=True, key_bitmap=unmatched),
-        patch.object(KeyBitmap, "build", spy_bitmap),
-        patch.object(joins, "unmatched_source_rows_by_held_rows", spy_held),
-        patch.object(single_pass, "write_in_one_pass_counting_pairs", spy_pairs),
+        watching_key_bitmap() as (built, routes),
     ):
         result, expected, ours, theirs = differential(spark, tmp_path, target, source, on, clauses)
-    assert [b.bits for b in built] == [bits]
-    assert built[0].keys == 6 and built[0].held_fraction == 6 / bits
+    assert [b.bits for b in built] == [KEY_BITS]
+    assert built[0].keys == 6 and built[0].held_fraction == 6 / KEY_BITS
     # findTouchedFiles by source keys keeps the matched keys, and the single pass cannot take a target-only
     # conjunct: neither asks the target for the unmatched source rows. The single pass meets the held
     # target rows with the source rows to count its actions; an insert-only merge anti-joins them.

@@ -32,6 +32,7 @@ from tests.engine.harness import clause, find_plan, join_plan, make_spec, oracle
 EXAMPLES = int(os.environ.get("MERGE_RANDOM_EXAMPLES", "300"))
 
 Row = dict[str, Any]
+Counts = dict[str, int]
 
 # --- value types ------------------------------------------------------------------------------------------------
 
@@ -141,6 +142,28 @@ def skippable_rows(target: list[Row], clauses: list[ModelClause], partitioned: b
     return {i for rows_ in files.values() if not any(may_act(target[j]) for j in rows_) for i in rows_}
 
 
+def _assigned(c: ModelClause, t: Row | None, s: Row | None, columns: list[str]) -> Row:
+    """The row a clause writes: every source column for ``*``, else the target row with its assignments."""
+    if c.action in ("update_all", "insert_all"):
+        assert s is not None
+        return {col: s[col] for col in columns}
+    base = dict(t) if t is not None else dict.fromkeys(columns)
+    for col, fn in c.assign.items():
+        base[col] = fn(t, s)
+    return base
+
+
+def _act(chosen: ModelClause | None, t: Row, s: Row | None, columns: list[str], out: list[Row], counts: Counts) -> None:
+    """One target row through the clause chosen for it: kept as it is (no clause), deleted, or updated."""
+    if chosen is None:
+        out.append(t)
+    elif chosen.action == "delete":
+        counts["num_deleted_rows"] += 1
+    else:
+        counts["num_updated_rows"] += 1
+        out.append(_assigned(chosen, t, s, columns))
+
+
 def model_merge(
     target: list[Row],
     source: list[Row],
@@ -166,58 +189,33 @@ def model_merge(
     for i in skipped:
         matches[i] = matches[i][:1]  # one pass through the clauses, none of which acts on the row
     out: list[Row] = []
-    counts = {"num_updated_rows": 0, "num_deleted_rows": 0, "num_inserted_rows": 0}
-
-    def apply(c: ModelClause, t: Row | None, s: Row | None) -> Row:
-        if c.action in ("update_all", "insert_all"):
-            assert s is not None
-            return {col: s[col] for col in columns}
-        base = dict(t) if t is not None else dict.fromkeys(columns)
-        for col, fn in c.assign.items():
-            base[col] = fn(t, s)
-        return base
-
+    counts: Counts = {"num_updated_rows": 0, "num_deleted_rows": 0, "num_inserted_rows": 0}
     for i, t in enumerate(target):
         pairs = matches[i]
         if not pairs:
             chosen = next((c for c in nmbs if c.cond is None or c.cond.holds(t, None)), None)
-            if insert_only or chosen is None:
-                out.append(t)
-            elif chosen.action == "delete":
-                counts["num_deleted_rows"] += 1
-            else:
-                counts["num_updated_rows"] += 1
-                out.append(apply(chosen, t, None))
-            continue
-        if insert_only:
+            _act(None if insert_only else chosen, t, None, columns, out, counts)
+        elif insert_only:
             out.append(t)
-            continue
-        for s in pairs[:1] if only_unconditional_delete else pairs:
-            chosen = next((c for c in matched if c.cond is None or c.cond.holds(t, s)), None)
-            if chosen is None:
-                out.append(t)
-            elif chosen.action == "delete":
-                counts["num_deleted_rows"] += 1
-            else:
-                counts["num_updated_rows"] += 1
-                out.append(apply(chosen, t, s))
+        else:
+            for s in pairs[:1] if only_unconditional_delete else pairs:
+                chosen = next((c for c in matched if c.cond is None or c.cond.holds(t, s)), None)
+                _act(chosen, t, s, columns, out, counts)
     for s in source:
         if any(on.fn(t, s) for t in target):
             continue
         chosen = next((c for c in not_matched if c.cond is None or c.cond.holds(None, s)), None)
         if chosen is not None:
             counts["num_inserted_rows"] += 1
-            out.append(apply(chosen, None, s))
+            out.append(_assigned(chosen, None, s, columns))
     return out, counts
 
 
 # --- strategies -------------------------------------------------------------------------------------------------
 
 
-@st.composite
-def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
-    """A random merge. ``single_pass`` draws only what the single pass takes: an ON whose conjuncts are the key
-    equality and source-only ones (what it needs when there is no NOT MATCHED BY SOURCE clause)."""
+def _draw_columns(draw: st.DrawFn) -> tuple[list[str], dict[str, str], bool]:
+    """The key ``k``, one to three value columns of random types, and maybe the partition column ``p``."""
     value_types = draw(st.lists(st.sampled_from(sorted(TYPES)), min_size=1, max_size=3))
     columns = ["k"] + [f"c{i}" for i in range(len(value_types))]
     types = {"k": "long", **{f"c{i}": t for i, t in enumerate(value_types)}}
@@ -225,15 +223,20 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     if partitioned:
         columns.append("p")
         types["p"] = "string"
+    return columns, types, partitioned
 
-    def row_strategy() -> st.SearchStrategy[Row]:
-        fields: dict[str, st.SearchStrategy[Any]] = {"k": st.one_of(st.none(), st.integers(0, 6))}
-        for col in columns[1:]:
-            fields[col] = st.one_of(st.none(), TYPES[types[col]][1]) if col != "p" else st.sampled_from(["x", "y"])
-        return st.fixed_dictionaries(fields)
 
-    target = draw(st.lists(row_strategy(), max_size=10))
-    source = draw(st.lists(row_strategy(), max_size=7))
+def _row_strategy(columns: list[str], types: dict[str, str]) -> st.SearchStrategy[Row]:
+    fields: dict[str, st.SearchStrategy[Any]] = {"k": st.one_of(st.none(), st.integers(0, 6))}
+    for col in columns[1:]:
+        fields[col] = st.one_of(st.none(), TYPES[types[col]][1]) if col != "p" else st.sampled_from(["x", "y"])
+    return st.fixed_dictionaries(fields)
+
+
+def _draw_clauses(
+    draw: st.DrawFn, columns: list[str], types: dict[str, str], partitioned: bool, single_pass: bool
+) -> list[ModelClause]:
+    """Up to two clauses of each kind over the first value column, the groups in a random order."""
     value_col = columns[1]
     conds = conditions(value_col)
     literal = draw(TYPES[types[value_col]][1])
@@ -277,8 +280,17 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     if single_pass and draw(st.booleans()):
         groups.pop()  # half the examples without NOT MATCHED BY SOURCE: the single pass then has to guess
     clauses = [c for g in draw(st.permutations(groups)) for c in g]
-    if not clauses:
-        clauses = [ModelClause("notMatched", "insert_all", None, {}, {})]
+    return clauses or [ModelClause("notMatched", "insert_all", None, {}, {})]
+
+
+@st.composite
+def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
+    """A random merge. ``single_pass`` draws only what the single pass takes: an ON whose conjuncts are the key
+    equality and source-only ones (what it needs when there is no NOT MATCHED BY SOURCE clause)."""
+    columns, types, partitioned = _draw_columns(draw)
+    target = draw(st.lists(_row_strategy(columns, types), max_size=10))
+    source = draw(st.lists(_row_strategy(columns, types), max_size=7))
+    clauses = _draw_clauses(draw, columns, types, partitioned, single_pass)
     # Both plans of each join: the source broadcast past the streamed target (with or without the source's key
     # bitmap, and with it either way of finding the source rows matching no target row), or both sides
     # shuffled; and

@@ -26,8 +26,9 @@ from typing import Any
 
 from service.jobs import ClaimedJob
 from service.logs import configure_logging
+from service.runner import EngineRunner, TxnId
 from service.settings import Settings
-from service.worker import EngineRunner, TxnId, Worker
+from service.worker import Worker
 
 PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")
 

@@ -5,6 +5,7 @@ link only inside the repository. No Spark: the app is built on a throwaway SQLit
 from __future__ import annotations
 
 import ast
+import gc
 import importlib
 import inspect
 import json
@@ -24,7 +25,7 @@ from service.app import create_app
 from service.errors import ServiceError
 from service.jobs import Phase, Status
 from service.paths import LakeRoots
-from service.problems import TYPE_BASE, job_problem
+from service.problems import GENERIC_ENGINE_SLUG, INTERNAL_SLUG, PROBLEM_SLUGS, TYPE_BASE, job_problem, slug_for
 from service.settings import Settings
 from service.specs import build_merge, parse_request
 
@@ -204,7 +205,7 @@ def job_error_slugs() -> set[str]:
 
 
 def code_slugs() -> set[str]:
-    slugs = set(job_error_slugs())
+    slugs = set(job_error_slugs()) | set(PROBLEM_SLUGS.values())
     for path in _python_files():
         slugs |= set(_literal_slugs(ast.parse(path.read_text(encoding="utf-8"))))
     return {s for s in slugs if s}
@@ -232,6 +233,42 @@ def test_the_slug_scan_sees_every_way_the_code_spells_a_slug() -> None:
         '    title = "not a slug"\n'
     )
     assert set(_literal_slugs(ast.parse(source))) == {"from-call", "from-literal", "from-class", "from-annotated"}
+
+
+def test_every_engine_error_class_has_its_slug_in_the_table() -> None:
+    """A new engine error gets its public type on purpose, not from its class name."""
+    _import_all(engine)
+    classes = {engine_errors.MergeServiceEngineError, *_subclasses(engine_errors.MergeServiceEngineError)}
+    missing = sorted(f"{c.__module__}.{c.__qualname__}" for c in classes if c not in PROBLEM_SLUGS)
+    assert not missing, f"service/problems.py PROBLEM_SLUGS does not name {missing}"
+
+
+def test_every_service_error_class_has_its_slug_in_the_table() -> None:
+    classes = {ServiceError, *_subclasses(ServiceError)}
+    missing = sorted(c.__qualname__ for c in classes if c not in PROBLEM_SLUGS)
+    assert not missing, f"service/problems.py PROBLEM_SLUGS does not name {missing}"
+
+
+def test_a_class_the_table_does_not_name_answers_its_nearest_named_base() -> None:
+    class UnnamedConflictError(engine_errors.ConcurrentAppendError):
+        pass
+
+    class UnnamedEngineError(engine_errors.MergeServiceEngineError):
+        pass
+
+    class OutsideError(Exception):
+        pass
+
+    try:
+        assert slug_for(UnnamedConflictError("detail")) == "concurrent-append"
+        assert job_problem(UnnamedConflictError("detail"))["type"] == TYPE_BASE + "concurrent-append"
+        assert slug_for(UnnamedEngineError) == GENERIC_ENGINE_SLUG
+        assert job_problem(UnnamedEngineError("detail"))["type"] == TYPE_BASE + GENERIC_ENGINE_SLUG
+        assert slug_for(OutsideError) == INTERNAL_SLUG
+    finally:
+        # Classes made here must not outlive the test: the walks above find every subclass still alive.
+        del UnnamedConflictError, UnnamedEngineError, OutsideError
+        gc.collect()
 
 
 # --- settings, metrics, statuses and phases ------------------------------------------------------------------------

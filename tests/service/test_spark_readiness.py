@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 from service.metrics import ServiceMetrics
+from service.runner import EngineRunner
 from service.settings import Settings
 from service.spark_executors import driver_ui_url
-from service.worker import EngineRunner
 from tests.service.conftest import wait_until
 
 

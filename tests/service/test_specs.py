@@ -27,6 +27,36 @@ def spec(on: str = "t.id = s.id", *, target: str = "/lake/a", rows: int = 1, val
     )
 
 
+CHECK = engine.validate_spec
+"""The engine's own check, taken before a test counts its calls."""
+
+
+def test_a_remembered_merge_answers_the_engines_canonical_form(calls: list[Any]) -> None:
+    """What the memo answers is what the engine would run: the canonical text, with the spec's own paths."""
+    memo = ValidExpressions()
+    loose = spec(on="T.ID=S.ID  AND  s.id>0", value="S.AMOUNT*2")
+    first = memo.validate(loose)
+    assert first == CHECK(loose) and first.on != loose.on
+    elsewhere = spec(on="T.ID=S.ID  AND  s.id>0", value="S.AMOUNT*2", target="/lake/b", rows=2)
+    again = memo.validate(elsewhere)
+    assert again == CHECK(elsewhere)
+    assert (again.target, again.source) == (elsewhere.target, elsewhere.source)
+    assert len(calls) == 1
+
+
+def test_what_the_engine_checks_beyond_expressions_is_part_of_the_memo(calls: list[Any]) -> None:
+    memo = ValidExpressions()
+    memo.validate(spec())
+    with pytest.raises(engine_errors.MergeSpecError, match="deletion_vectors"):
+        memo.validate(dataclasses.replace(spec(), deletion_vectors="always"))  # type: ignore[arg-type]
+    query = engine.QuerySource(query="SELECT * FROM updates", relations={"updates": engine.TableSource("delta", "/u")})
+    memo.validate(dataclasses.replace(spec(), source=query))
+    renamed = engine.QuerySource(query="SELECT * FROM updates", relations={"other": engine.TableSource("delta", "/u")})
+    with pytest.raises(engine_errors.MergeSpecError):
+        memo.validate(dataclasses.replace(spec(), source=renamed))
+    assert len(calls) == 4
+
+
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
@@ -43,10 +73,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_a_repeated_merge_is_validated_once(calls: list[Any]) -> None:
     memo = ValidExpressions()
     first = spec()
-    assert memo.validate(first) is first
+    assert memo.validate(first) == CHECK(first)
     # Target and source are not part of what the engine checks here.
     other_data = spec(target="/lake/b", rows=3)
-    assert memo.validate(other_data) is other_data
+    assert memo.validate(other_data) == CHECK(other_data)
     assert len(calls) == 1
     memo.validate(spec(value="s.amount * 2"))
     memo.validate(dataclasses.replace(spec(), source_alias="src", on="t.id = src.id"))

@@ -17,8 +17,10 @@ from service.errors import CancelRequestedError, DatabaseUnavailableError
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
+from service.retry import backoff_seconds
+from service.runner import TxnId
 from service.settings import Settings
-from service.worker import TxnId, Worker, backoff_seconds
+from service.worker import Worker
 from tests.service.conftest import wait_until
 
 PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")

@@ -13,8 +13,9 @@ import pytest
 
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
+from service.runner import TxnId
 from service.settings import Settings
-from service.worker import TxnId, Worker, stop_workers
+from service.worker import Worker, stop_workers
 from tests.service.conftest import wait_until
 
 

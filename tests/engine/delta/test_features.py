@@ -140,70 +140,48 @@ def test_variant_type_is_refused_only_when_a_column_is_a_variant(lake: Path) -> 
     _refused(_hand_made(lake, features, schema=schema), "variantType")
 
 
-def test_legacy_protocols_imply_features_only_used_ones_refused(lake: Path) -> None:
-    for writer in (2, 3, 4, 5, 6):
-        check_supported(load_snapshot(_hand_made(lake, {"minReaderVersion": 1, "minWriterVersion": writer})))
-    check_supported(
-        load_snapshot(
-            _hand_made(
-                lake, {"minReaderVersion": 2, "minWriterVersion": 5}, configuration={"delta.columnMapping.mode": "none"}
-            )
-        )
-    )
-    check_supported(
-        load_snapshot(
-            _hand_made(
-                lake,
-                {"minReaderVersion": 1, "minWriterVersion": 2},
-                schema=_schema(**{"delta.invariants": '{"expression": {"expression": "id > 0"}}'}),
-            )
-        )
-    )
-    check_supported(
-        load_snapshot(
-            _hand_made(
-                lake,
-                {"minReaderVersion": 1, "minWriterVersion": 3},
-                configuration={"delta.constraints.small": "id < 10"},
-            )
-        )
-    )
-    # Row rules that cannot be enforced are refused rather than skipped.
-    _refused(
-        _hand_made(
-            lake,
-            {"minReaderVersion": 1, "minWriterVersion": 2},
-            schema=_schema(**{"delta.invariants": '{"rule": "id > 0"}'}),
+def _legacy(writer: int, reader: int = 1) -> dict[str, Any]:
+    return {"minReaderVersion": reader, "minWriterVersion": writer}
+
+
+@pytest.mark.parametrize(
+    ("protocol", "table"),
+    [
+        *((_legacy(writer), {}) for writer in (2, 3, 4, 5, 6)),
+        (_legacy(5, reader=2), {"configuration": {"delta.columnMapping.mode": "none"}}),
+        (_legacy(2), {"schema": _schema(**{"delta.invariants": '{"expression": {"expression": "id > 0"}}'})}),
+        (_legacy(3), {"configuration": {"delta.constraints.small": "id < 10"}}),
+        (_legacy(4), {"schema": _schema(**{"delta.generationExpression": "1"})}),
+    ],
+)
+def test_legacy_protocols_are_accepted_where_the_engine_honours_what_the_table_uses(
+    lake: Path, protocol: dict[str, Any], table: dict[str, Any]
+) -> None:
+    """A legacy protocol implies every feature of its versions; those the table does not use are no reason to
+    refuse it, and the row rules it uses are enforced."""
+    check_supported(load_snapshot(_hand_made(lake, protocol, **table)))
+
+
+@pytest.mark.parametrize(
+    ("protocol", "field_metadata", "refusal"),
+    [
+        # Row rules that cannot be enforced are refused rather than skipped.
+        (_legacy(2), {"delta.invariants": '{"rule": "id > 0"}'}, "invariant this engine"),
+        (_legacy(2), {"__CHAR_VARCHAR_TYPE_STRING": "array<varchar(3)>"}, "CHAR/VARCHAR"),
+        (
+            _legacy(6),
+            {"delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False},
+            "identityColumns",
         ),
-        "invariant this engine",
-    )
-    _refused(
-        _hand_made(
-            lake,
-            {"minReaderVersion": 1, "minWriterVersion": 2},
-            schema=_schema(**{"__CHAR_VARCHAR_TYPE_STRING": "array<varchar(3)>"}),
-        ),
-        "CHAR/VARCHAR",
-    )
-    check_supported(
-        load_snapshot(
-            _hand_made(
-                lake,
-                {"minReaderVersion": 1, "minWriterVersion": 4},
-                schema=_schema(**{"delta.generationExpression": "1"}),
-            )
-        )
-    )
-    _refused(
-        _hand_made(
-            lake,
-            {"minReaderVersion": 1, "minWriterVersion": 6},
-            schema=_schema(
-                **{"delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False}
-            ),
-        ),
-        "identityColumns",
-    )
+    ],
+)
+def test_legacy_protocols_are_refused_where_the_table_uses_what_the_engine_cannot_honour(
+    lake: Path, protocol: dict[str, Any], field_metadata: dict[str, Any], refusal: str
+) -> None:
+    _refused(_hand_made(lake, protocol, schema=_schema(**field_metadata)), refusal)
+
+
+def test_a_reader_version_past_the_known_ones_is_refused(lake: Path) -> None:
     with pytest.raises(UnsupportedTableFeatureError, match="reader version 4"):
         check_protocol_and_metadata(Protocol(4, 7, (), ()), load_snapshot(_hand_made(lake, _features())).metadata)
 
