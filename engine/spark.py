@@ -391,17 +391,33 @@ class ConnectRetry:
         )
 
 
-def connect(remote: str = "local", *, retry: ConnectRetry | None = None) -> SparkSession:
+def connect(remote: str = "local", *, retry: ConnectRetry | None = None, timeout: float | None = None) -> SparkSession:
     """A new Spark Connect session, configured for the engine, whose calls retry as ``retry`` says. ``local``
-    starts the embedded server (again, if it died)."""
+    starts the embedded server (again, if it died). A server that accepts the connection but does not answer
+    (a stopped JVM, a frozen host) would hold the caller for as long as it stays so: gRPC calls have no
+    deadline. With ``timeout`` the session is given up after that many seconds without an answer."""
     url = embedded_remote() if remote in ("local", "") or remote.startswith("local[") else remote
     spark = SparkSession.builder.remote(url).create()
     spark.client.set_retry_policies([(retry or ConnectRetry()).policy()])
-    try:
-        configure_session(spark)
-    except Exception as exc:
+    failure: list[BaseException] = []
+
+    def configure() -> None:
+        try:
+            configure_session(spark)
+        except Exception as exc:
+            failure.append(exc)
+
+    configuring = threading.Thread(target=configure, name="spark-configure-session", daemon=True)
+    configuring.start()
+    configuring.join(timeout)
+    if configuring.is_alive():
+        close_session(spark, release=False)  # closing the channel ends the call that waits
+        raise SparkUnavailableError(f"Spark Connect at {url} did not answer within {timeout:g} s")
+    if failure:
         close_session(spark, release=False)
-        raise SparkUnavailableError(f"Cannot reach Spark Connect at {url}: {spark_error_message(exc)}") from exc
+        raise SparkUnavailableError(f"Cannot reach Spark Connect at {url}: {spark_error_message(failure[0])}") from (
+            failure[0]
+        )
     return spark
 
 

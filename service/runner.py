@@ -77,7 +77,10 @@ class EngineRunner:
         )
         self.probe_interval = settings.spark_probe_interval_seconds
         self.probe_timeout = settings.spark_probe_timeout_seconds
+        self.stall_seconds = settings.spark_stall_seconds
         self._spark: Any = None
+        self._stalled: tuple[Any, str] | None = None
+        """The session given up because Spark stopped answering, and why: the reason its calls failed."""
         self._lock = threading.Lock()
         self._connect_lock = threading.Lock()
         self._closed = threading.Event()
@@ -93,19 +96,37 @@ class EngineRunner:
             if self._closed.is_set():
                 raise engine_errors.SparkUnavailableError("The worker is shutting down.")
             if self._spark is None:
-                spark = engine_spark.connect(self.remote, retry=self.retry)
+                spark = engine_spark.connect(self.remote, retry=self.retry, timeout=self.stall_seconds)
                 with self._lock:
                     self._spark = spark
             return self._spark
 
-    def _drop(self, spark: Any, why: str) -> None:
-        """Forget a session Spark lost; the next use connects again."""
+    def _drop(self, spark: Any, why: str, *, wait: bool = True) -> None:
+        """Forget a session Spark lost; the next use connects again. Closing it ends the calls that wait on it."""
         with self._lock:
             if self._spark is not spark:
                 return
             self._spark = None
         log.warning("dropping the Spark session", reason=why)
-        engine_spark.close_session(spark, release=False)
+        if wait:
+            engine_spark.close_session(spark, release=False)
+        else:
+            threading.Thread(
+                target=engine_spark.close_session, args=(spark,), kwargs={"release": False}, daemon=True
+            ).start()
+
+    def _watch_for_stalls(self) -> None:
+        """Give the session up when the probe's call has waited ``stall_seconds``: a call that waits on a server
+        that does not answer never ends by itself, and the running attempt's calls wait on the same server."""
+        while not self._closed.wait(self.probe_interval):
+            started, spark = self._probe_started, self._spark
+            if started is None or spark is None:
+                continue
+            waited = time.monotonic() - started
+            if waited > self.stall_seconds:
+                why = f"Spark Connect at {self.remote} has not answered for {waited:.0f} s"
+                self._stalled = (spark, why)
+                self._drop(spark, why, wait=False)
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: ProgressCallback, tag: str) -> RunResult:
         """One attempt. The engine's spec is built once, from the request body the job row stores, and checked
@@ -126,10 +147,14 @@ class EngineRunner:
                 validated=True,
             )
         except Exception as exc:
-            if not engine_spark.session_lost(spark, exc):
+            stalled = self._stalled
+            given_up = stalled is not None and stalled[0] is spark
+            if not given_up and not engine_spark.session_lost(spark, exc):
                 raise
-            message = engine_errors.spark_error_message(exc)
+            message = stalled[1] if stalled is not None and given_up else engine_errors.spark_error_message(exc)
             self._drop(spark, message)
+            if given_up:
+                raise engine_errors.SparkUnavailableError(message) from exc
             if isinstance(exc, engine_errors.SparkUnavailableError):
                 raise
             raise engine_errors.SparkUnavailableError(f"Spark Connect lost the session: {message}") from exc
@@ -151,6 +176,7 @@ class EngineRunner:
             if self._probe is None and not self._closed.is_set():
                 self._probe = threading.Thread(target=self._probe_loop, name="spark-readiness-probe", daemon=True)
                 self._probe.start()
+                threading.Thread(target=self._watch_for_stalls, name="spark-stall-watch", daemon=True).start()
 
     def _probe_loop(self) -> None:
         failures = 0

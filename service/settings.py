@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     and never waits on Spark."""
     spark_probe_timeout_seconds: float = Field(default=3.0, gt=0)
     """A probe that has not answered within this time makes /readyz answer 503."""
+    spark_stall_seconds: float = Field(default=60.0, gt=0)
+    """A Spark Connect server that accepts connections but has not answered for this long (a stopped JVM, a
+    frozen host) costs the running attempt, which is retried later, instead of holding the worker: gRPC calls
+    have no deadline of their own. Long merges are not affected: the readiness probe's small calls measure it."""
     readiness_timeout_seconds: float = Field(default=2.0, gt=0)
     """How long /readyz waits for the job database's answer before it answers 503."""
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(600)
 class Service:
     """One `merge-service serve` process on a loopback port, with its log."""
 
-    def __init__(self, home: Path, spark_remote: str) -> None:
+    def __init__(self, home: Path, spark_remote: str, extra_env: dict[str, str] | None = None) -> None:
         self.home = home
         self.lake = home / "lake"
         self.lake.mkdir()
@@ -56,6 +56,7 @@ class Service:
             "MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.5",
             "MERGE_SERVICE_BACKOFF_MAX_SECONDS": "2",
             "MERGE_SERVICE_ACCESS_LOG": "false",
+            **(extra_env or {}),
         }
         self.log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -122,13 +123,13 @@ class Service:
 
 
 @pytest.fixture
-def services(tmp_path: Path) -> Iterator[Callable[[str], Service]]:
+def services(tmp_path: Path) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
 
-    def start(spark_remote: str) -> Service:
+    def start(spark_remote: str, extra_env: dict[str, str] | None = None) -> Service:
         home = tmp_path / f"service-{len(started)}"
         home.mkdir()
-        started.append(Service(home, spark_remote))
+        started.append(Service(home, spark_remote, extra_env))
         return started[-1]
 
     yield start
@@ -250,6 +251,40 @@ def test_a_dead_connect_server_fails_fast_and_the_next_merge_succeeds_once_it_is
     assert code == 0, service.log_tail()
     assert DeltaTable(str(table)).version() == 3, "the merge pending at the stop did not commit"
     assert pending
+
+
+def test_a_stalled_connect_server_costs_the_attempt_not_the_job(
+    services: Callable[..., Service], spark_servers: Callable[[int], SparkProcess]
+) -> None:
+    """A server that accepts connections but never answers (its JVM stopped: a long GC pause, a frozen host) would
+    hold the worker's call for as long as it stays stopped: gRPC calls have no deadline. The worker gives the
+    attempt up after MERGE_SERVICE_SPARK_STALL_SECONDS without an answer and retries it later."""
+    port = free_port()
+    spark = spark_servers(port)
+    service = services(f"sc://127.0.0.1:{port}", {"MERGE_SERVICE_SPARK_STALL_SECONDS": "8"})
+    table = customers(service.lake)
+    service.wait(service.ready, "/readyz 200")
+    assert service.finished(service.submit(upsert(table, 2, "Bea")))["status"] == "succeeded"
+
+    jvm = psutil.Process(spark.process.pid)
+    jvm.suspend()
+    try:
+        stalled = service.submit(upsert(table, 3, "Cid"))
+
+        def given_up() -> bool:
+            job = service.job(stalled)
+            return job["status"] == "queued" and "not answer" in str(job["error"])
+
+        service.wait(given_up, "the stalled attempt given up", timeout=60)
+        assert service.not_ready()
+    finally:
+        jvm.resume()
+    done = service.finished(stalled)
+    assert done["status"] == "succeeded", done
+    assert done["attempts"] >= 2
+    rows = DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict()
+    assert rows == {"id": [1, 2, 3], "name": ["Ann", "Bea", "Cid"]}
+    assert DeltaTable(str(table)).version() == 2
 
 
 def gone(process: psutil.Process) -> bool:
