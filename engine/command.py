@@ -28,23 +28,15 @@ from engine.errors import (
     MergeServiceEngineError,
 )
 from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor
-from engine.expressions import (
-    Sides,
-    and_all,
-    conjuncts,
-    equi_join_keys,
-    parse_expression,
-    sql,
-    strip_qualifiers,
-    target_only_predicates,
-    validate_spec,
-)
+from engine.expressions import parse_expression, sql
+from engine.merge_condition import Sides, and_all, conjuncts, equi_join_keys, strip_qualifiers, target_only_predicates
 from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
 from engine.source_keys import SourceKeyRanges
 from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, MergeClause, MergeSpec, RowsSource, TableSource, UpdateAction
+from engine.validation import validate_spec
 
 MAX_CONFLICT_RETRIES = 3
 ENGINE_INFO = "merge-service/0.1.0"

@@ -16,7 +16,8 @@ from pyspark.sql.types import (
 
 from engine.context import MergeContext
 from engine.delta import INTEGRAL_TYPES
-from engine.expressions import KeyedOn, Sides, keyed_on, quote_identifier
+from engine.expressions import quote_identifier
+from engine.merge_condition import KeyedOn, Sides, keyed_on
 
 
 def _same_key_values(source: DataType | None, target: DataType | None) -> bool:

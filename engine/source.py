@@ -26,7 +26,7 @@ from sqlglot.errors import ParseError
 from engine import delta
 from engine.delta import ReadScope
 from engine.errors import SourceError, SourceRowError
-from engine.expressions import source_query_sql
+from engine.expression_rules import source_query_sql
 from engine.spec import QuerySource, RowsSource, Source, TableSource
 
 MAX_NESTING = 32

@@ -26,7 +26,8 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.delta import INTEGRAL_TYPES, Snapshot
-from engine.expressions import Sides, conjuncts, equi_join_keys, parse_expression, quote_identifier
+from engine.expressions import parse_expression, quote_identifier
+from engine.merge_condition import Sides, conjuncts, equi_join_keys
 from engine.source import rows_to_arrow
 from engine.spec import MergeSpec, RowsSource, TableSource
 

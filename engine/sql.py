@@ -15,15 +15,8 @@ from sqlglot.errors import ParseError
 
 from engine.delta import quote_identifier, quote_path
 from engine.errors import MergeSpecError
-from engine.expressions import (
-    DIALECT,
-    MAX_EXPRESSION_NESTING,
-    check_source_query,
-    nesting_depth,
-    spark_text,
-    sql,
-    visible_ctes,
-)
+from engine.expression_rules import check_source_query, spark_text, visible_ctes
+from engine.expressions import DIALECT, MAX_EXPRESSION_NESTING, nesting_depth, sql
 from engine.identifiers import InvalidIdentifierError, quote_merge_names
 from engine.spec import (
     Action,

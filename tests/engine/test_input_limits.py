@@ -18,10 +18,10 @@ from engine.expressions import (
     MAX_EXPRESSION_DEPTH,
     MAX_EXPRESSION_NESTING,
     MAX_EXPRESSION_NODES,
-    conjuncts,
     nesting_depth,
     parse_expression,
 )
+from engine.merge_condition import conjuncts
 from engine.source import MAX_NESTING, parse_schema
 
 

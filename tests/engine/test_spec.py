@@ -15,7 +15,8 @@ from engine import (
     validate_spec,
 )
 from engine.errors import MergeResolutionError, MergeSpecError
-from engine.expressions import KeyEquality, Sides, keyed_on, sql
+from engine.expressions import sql
+from engine.merge_condition import KeyEquality, Sides, keyed_on
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
