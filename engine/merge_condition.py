@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from engine.expression_rules import NONDETERMINISTIC_FUNCTIONS, function_name
-from engine.expressions import parse_expression
 
 
 def conjuncts(node: exp.Expr) -> list[exp.Expr]:
@@ -62,30 +61,6 @@ def strip_qualifiers(node: exp.Expr) -> exp.Expr:
     return node.copy().transform(unqualify)
 
 
-def target_only_predicates(on: str, sides: Sides) -> list[exp.Expr]:
-    """Conjuncts of ON that reference only the target (Delta's getTargetOnlyPredicates), unqualified."""
-    result = []
-    for conjunct in conjuncts(parse_expression(on, "on")):
-        found = sides.sides_of(conjunct)
-        if found == {"target"} and not any(function_name(n) in NONDETERMINISTIC_FUNCTIONS for n in conjunct.walk()):
-            result.append(strip_qualifiers(conjunct))
-    return result
-
-
-def equi_join_keys(on: str, sides: Sides) -> list[tuple[str, exp.Expr]]:
-    """``target_col = <source-only expression>`` conjuncts of ON: the target column and the source side.
-    Ranges and values of the source side bound the target files that can match."""
-    keys: list[tuple[str, exp.Expr]] = []
-    for conjunct in conjuncts(parse_expression(on, "on")):
-        if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
-            continue
-        for left, right in ((conjunct.left, conjunct.right), (conjunct.right, conjunct.left)):
-            if isinstance(left, exp.Column) and sides.side(left) == "target" and sides.sides_of(right) == {"source"}:
-                keys.append((str(left.name), right))
-                break
-    return keys
-
-
 @dataclass(frozen=True)
 class KeyEquality:
     """``target_col = source_col`` (or ``<=>``) in ON, both sides plain columns."""
@@ -104,36 +79,85 @@ class KeyedOn:
     source_only: tuple[exp.Expr, ...]
 
 
-def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
-    """ON split into key equalities between a target column and a source column, and conjuncts that read one
-    side only; None when some conjunct mixes the sides otherwise, or a reference cannot be placed. Such an ON
-    matches a target row with at most one distinct source key, which lets findTouchedFiles count the source
-    rows per key instead of the matches per target row."""
-    aliases = {"target": sides.target_alias, "source": sides.source_alias}
-    keys: list[KeyEquality] = []
-    target_only: list[exp.Expr] = []
-    source_only: list[exp.Expr] = []
-    for conjunct in conjuncts(parse_expression(on, "on")):
-        found = sides.sides_of(conjunct)
-        if None in found:
+@dataclass(frozen=True)
+class MergeCondition:
+    """ON, parsed once per merge (``engine.validation.ParsedMerge``), and its conjuncts: data skipping, the
+    source's key ranges and the join plans read these trees, never the text again. The trees are shared: what
+    reads them copies before it changes anything."""
+
+    tree: exp.Expression
+    conjuncts: tuple[exp.Expr, ...]
+
+    @classmethod
+    def of(cls, tree: exp.Expression) -> MergeCondition:
+        return cls(tree, tuple(conjuncts(tree)))
+
+    def target_only_predicates(self, sides: Sides) -> list[exp.Expr]:
+        """Conjuncts of ON that reference only the target (Delta's getTargetOnlyPredicates), unqualified."""
+        result = []
+        for conjunct in self.conjuncts:
+            found = sides.sides_of(conjunct)
+            if found == {"target"} and not any(function_name(n) in NONDETERMINISTIC_FUNCTIONS for n in conjunct.walk()):
+                result.append(strip_qualifiers(conjunct))
+        return result
+
+    def equi_join_keys(self, sides: Sides) -> list[tuple[str, exp.Expr]]:
+        """``target_col = <source-only expression>`` conjuncts of ON: the target column and the source side.
+        Ranges and values of the source side bound the target files that can match."""
+        keys: list[tuple[str, exp.Expr]] = []
+        for conjunct in self.conjuncts:
+            if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+                continue
+            for left, right in ((conjunct.left, conjunct.right), (conjunct.right, conjunct.left)):
+                if (
+                    isinstance(left, exp.Column)
+                    and sides.side(left) == "target"
+                    and sides.sides_of(right) == {"source"}
+                ):
+                    keys.append((str(left.name), right))
+                    break
+        return keys
+
+    def null_safe_columns(self) -> set[str]:
+        """The columns of ON's ``<=>`` equalities (lower case): a NULL key matches there."""
+        null_safe_columns: set[str] = set()
+        for c in self.conjuncts:
+            if isinstance(c, exp.NullSafeEQ):
+                null_safe_columns |= {
+                    str(side.name).lower() for side in (c.left, c.right) if isinstance(side, exp.Column)
+                }
+        return null_safe_columns
+
+    def keyed_on(self, sides: Sides) -> KeyedOn | None:
+        """ON split into key equalities between a target column and a source column, and conjuncts that read one
+        side only; None when some conjunct mixes the sides otherwise, or a reference cannot be placed. Such an ON
+        matches a target row with at most one distinct source key, which lets findTouchedFiles count the source
+        rows per key instead of the matches per target row."""
+        aliases = {"target": sides.target_alias, "source": sides.source_alias}
+        keys: list[KeyEquality] = []
+        target_only: list[exp.Expr] = []
+        source_only: list[exp.Expr] = []
+        for conjunct in self.conjuncts:
+            found = sides.sides_of(conjunct)
+            if None in found:
+                return None
+            if found == {"target"}:
+                target_only.append(_qualified(conjunct, sides, aliases))
+                continue
+            if found == {"source"}:
+                source_only.append(_qualified(conjunct, sides, aliases))
+                continue
+            if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
+                return None
+            left, right = conjunct.left, conjunct.right
+            if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
+                return None
+            if sides.side(left) == "source":
+                left, right = right, left
+            keys.append(KeyEquality(str(left.name), str(right.name), isinstance(conjunct, exp.NullSafeEQ)))
+        if not keys:
             return None
-        if found == {"target"}:
-            target_only.append(_qualified(conjunct, sides, aliases))
-            continue
-        if found == {"source"}:
-            source_only.append(_qualified(conjunct, sides, aliases))
-            continue
-        if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
-            return None
-        left, right = conjunct.left, conjunct.right
-        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
-            return None
-        if sides.side(left) == "source":
-            left, right = right, left
-        keys.append(KeyEquality(str(left.name), str(right.name), isinstance(conjunct, exp.NullSafeEQ)))
-    if not keys:
-        return None
-    return KeyedOn(tuple(keys), tuple(target_only), tuple(source_only))
+        return KeyedOn(tuple(keys), tuple(target_only), tuple(source_only))
 
 
 def _qualified(node: exp.Expr, sides: Sides, aliases: dict[str, str]) -> exp.Expr:

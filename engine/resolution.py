@@ -27,7 +27,8 @@ from sqlglot import exp
 from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import parse_expression, quote_identifier, sql
-from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
+from engine.merge_condition import MergeCondition
+from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
 from engine.store_assignment import (
     can_ansi_cast,
     can_ansi_store_assign,
@@ -37,7 +38,7 @@ from engine.store_assignment import (
     sql_type,
     struct_by_name,
 )
-from engine.validation import check_scope, clause_where, column_path
+from engine.validation import ParsedMerge, check_scope, clause_where, column_path
 
 
 def _column_default(column: StructField) -> str:
@@ -72,6 +73,8 @@ class ResolvedClause:
 class ResolvedMerge:
     on: Column
     on_sql: str
+    on_condition: MergeCondition
+    """ON as the merge parsed it, for data skipping and the join plans."""
     output_fields: list[StructField]
     """The table schema after the merge: the target's columns, then new columns from schema evolution."""
     new_columns: list[str]
@@ -104,7 +107,9 @@ def _qualify(node: exp.Expression, alias: str) -> exp.Expression:
 class Resolver:
     """Resolves one merge against the source DataFrame and an (empty) target DataFrame of the table schema."""
 
-    def __init__(self, spec: MergeSpec, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+    def __init__(self, parsed: ParsedMerge, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+        spec = parsed.spec
+        self.parsed = parsed
         self.spec = spec
         self.s = spec.source_alias
         self.t = spec.target_alias
@@ -117,7 +122,7 @@ class Resolver:
     # --- expressions, scoped --------------------------------------------------------------------------------
 
     def _scoped_sql(self, text: str, clause_type: str, where: str) -> str:
-        node = parse_expression(text, where)
+        node = self.parsed.tree(text)
         check_scope(node, clause_type, self.t, self.s, where)
         if clause_type == "notMatched":
             node = _qualify(node, self.s)
@@ -215,6 +220,7 @@ class Resolver:
         resolved = ResolvedMerge(
             on=F.expr(spec.on),
             on_sql=spec.on,
+            on_condition=self.parsed.on,
             output_fields=out_fields,
             new_columns=new_columns,
             target_values=target_values,

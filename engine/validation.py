@@ -5,7 +5,8 @@ the text Spark will run."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from sqlglot import exp
 
@@ -13,6 +14,7 @@ from engine.delta import ColumnPathError, parse_column_path, quote_path
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.expression_rules import check_expression, source_query_sql, spark_text
 from engine.expressions import parse_expression
+from engine.merge_condition import MergeCondition
 from engine.spec import InsertAction, MergeClause, MergeSpec, QuerySource, UpdateAction
 
 
@@ -51,80 +53,114 @@ def check_scope(node: exp.Expr, clause_type: str, target_alias: str, source_alia
             )
 
 
+@dataclass(frozen=True)
+class ParsedMerge:
+    """A spec that passed validation, in the text Spark runs, with the tree each of its expressions was parsed
+    into: a merge parses each expression once, and resolution, data skipping and the join plans read these trees
+    (shared: what reads them copies before it changes anything)."""
+
+    spec: MergeSpec
+    on: MergeCondition
+    trees: Mapping[str, exp.Expression]
+    """The tree of each clause condition and assigned value, by its text in ``spec``."""
+
+    def tree(self, text: str) -> exp.Expression:
+        """The tree of a condition or an assigned value of ``spec``, by its text there."""
+        return self.trees[text]
+
+
 def validate_spec(spec: MergeSpec) -> MergeSpec:
     """Everything that can be judged before the tables are read; raises MergeSpecError naming the field."""
+    return parse_merge(spec).spec
+
+
+def parse_merge(spec: MergeSpec) -> ParsedMerge:
+    """``validate_spec``, keeping the parsed trees for the merge that runs the spec."""
     spec.validate()
-    check_expression(parse_expression(spec.on, "on"), "on", deterministic=True)
+    trees = {"on": parse_expression(spec.on, "on")}
+    check_expression(trees["on"], "on", deterministic=True)
     for group in (spec.matched, spec.not_matched, spec.not_matched_by_source):
         for index, clause in enumerate(group):
             where = clause_where(clause, index)
             if clause.condition is not None:
                 cond_where = f"{where}.condition"
-                node = parse_expression(clause.condition, cond_where)
+                trees[cond_where] = node = parse_expression(clause.condition, cond_where)
                 check_expression(node, cond_where, deterministic=True)
                 check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, cond_where)
             action = clause.action
             if isinstance(action, (UpdateAction, InsertAction)) and not action.star:
-                assignments = action.set if isinstance(action, UpdateAction) else action.values
-                field = "set" if isinstance(action, UpdateAction) else "values"
-                if not assignments:
-                    raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
-                seen: set[tuple[str, ...]] = set()
-                for column, value in assignments.items():
-                    path = column_path(column, spec.target_alias, where=f"{where}.{field}.{column}")
-                    if len(path) > 1 and isinstance(action, InsertAction):
-                        raise MergeSpecError(
-                            f"{where}.{field}: Nested field is not supported in the INSERT clause "
-                            f"of MERGE operation (field = {quote_path(path)})."
-                        )
-                    # A column and a field inside it, or one field twice, would each set the same value.
-                    other = next((p for p in seen if p[: len(path)] == path or path[: len(p)] == p), None)
-                    if other is not None:
-                        kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
-                        raise MergeSpecError(
-                            f"{where}.{field}: there is a conflict from these SET columns: "
-                            f"{quote_path(other)} and {quote_path(path)}; a column may be assigned only once in one "
-                            f"{kind}."
-                        )
-                    seen.add(path)
-                    value_where = f"{where}.{field}.{column}"
-                    node = parse_expression(value, value_where)
-                    check_expression(node, value_where, deterministic=False)
-                    check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, value_where)
-    return canonical_spec(spec)
+                trees.update(_checked_assignments(spec, clause, action, where))
+    return _canonical(spec, trees)
 
 
-def canonical_spec(spec: MergeSpec) -> MergeSpec:
-    """The spec with every expression and the source query as ``spark_text`` regenerates them: what runs in
-    Spark is exactly what was checked."""
+def _checked_assignments(
+    spec: MergeSpec, clause: MergeClause, action: UpdateAction | InsertAction, where: str
+) -> dict[str, exp.Expression]:
+    """The trees of a clause's assigned values, by their place in the spec, once each column is known to be
+    assigned once."""
+    assignments = action.set if isinstance(action, UpdateAction) else action.values
+    field = "set" if isinstance(action, UpdateAction) else "values"
+    if not assignments:
+        raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
+    trees: dict[str, exp.Expression] = {}
+    seen: set[tuple[str, ...]] = set()
+    for column, value in assignments.items():
+        path = column_path(column, spec.target_alias, where=f"{where}.{field}.{column}")
+        if len(path) > 1 and isinstance(action, InsertAction):
+            raise MergeSpecError(
+                f"{where}.{field}: Nested field is not supported in the INSERT clause "
+                f"of MERGE operation (field = {quote_path(path)})."
+            )
+        # A column and a field inside it, or one field twice, would each set the same value.
+        other = next((p for p in seen if p[: len(path)] == path or path[: len(p)] == p), None)
+        if other is not None:
+            kind = "UPDATE" if isinstance(action, UpdateAction) else "INSERT"
+            raise MergeSpecError(
+                f"{where}.{field}: there is a conflict from these SET columns: "
+                f"{quote_path(other)} and {quote_path(path)}; a column may be assigned only once in one "
+                f"{kind}."
+            )
+        seen.add(path)
+        value_where = f"{where}.{field}.{column}"
+        trees[value_where] = node = parse_expression(value, value_where)
+        check_expression(node, value_where, deterministic=False)
+        check_scope(node, clause.clause_type, spec.target_alias, spec.source_alias, value_where)
+    return trees
 
-    def text(value: str, where: str) -> str:
-        return spark_text(parse_expression(value, where), where)
+
+def _canonical(spec: MergeSpec, trees: Mapping[str, exp.Expression]) -> ParsedMerge:
+    """The spec with every expression and the source query as ``spark_text`` regenerates them from their checked
+    trees (``trees``, by place in the spec): what runs in Spark is exactly what was checked."""
+    by_text: dict[str, exp.Expression] = {}
+
+    def text(where: str) -> str:
+        canonical = spark_text(trees[where], where)
+        by_text.setdefault(canonical, trees[where])
+        return canonical
 
     def clause(c: MergeClause, index: int) -> MergeClause:
         where = clause_where(c, index)
-        condition = None if c.condition is None else text(c.condition, f"{where}.condition")
+        condition = None if c.condition is None else text(f"{where}.condition")
         action = c.action
         if isinstance(action, UpdateAction) and not action.star:
-            action = dataclasses.replace(action, set={k: text(v, f"{where}.set.{k}") for k, v in action.set.items()})
+            action = dataclasses.replace(action, set={k: text(f"{where}.set.{k}") for k in action.set})
         elif isinstance(action, InsertAction) and not action.star:
-            action = dataclasses.replace(
-                action, values={k: text(v, f"{where}.values.{k}") for k, v in action.values.items()}
-            )
+            action = dataclasses.replace(action, values={k: text(f"{where}.values.{k}") for k in action.values})
         return dataclasses.replace(c, condition=condition, action=action)
 
     source = spec.source
     if isinstance(source, QuerySource):
         identity = {name: name for name in source.relations}
         source = dataclasses.replace(source, query=source_query_sql(source.query, identity, "source.query"))
-    return dataclasses.replace(
+    canonical = dataclasses.replace(
         spec,
-        on=text(spec.on, "on"),
+        on=spark_text(trees["on"], "on"),
         source=source,
         matched=tuple(clause(c, i) for i, c in enumerate(spec.matched)),
         not_matched=tuple(clause(c, i) for i, c in enumerate(spec.not_matched)),
         not_matched_by_source=tuple(clause(c, i) for i, c in enumerate(spec.not_matched_by_source)),
     )
+    return ParsedMerge(canonical, MergeCondition.of(trees["on"]), by_text)
 
 
 def column_path(

@@ -15,8 +15,8 @@ from engine import (
     validate_spec,
 )
 from engine.errors import MergeResolutionError, MergeSpecError
-from engine.expressions import sql
-from engine.merge_condition import KeyEquality, Sides, keyed_on
+from engine.expressions import parse_expression, sql
+from engine.merge_condition import KeyedOn, KeyEquality, MergeCondition, Sides
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
@@ -170,6 +170,10 @@ def test_every_parse_failure_is_a_spec_error(text: str) -> None:
 
 
 SIDES = Sides("t", "s", frozenset({"id", "day", "v"}), frozenset({"id", "day", "n"}))
+
+
+def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
+    return MergeCondition.of(parse_expression(on, "on")).keyed_on(sides)
 
 
 def test_keyed_on_splits_keys_and_one_sided_conjuncts() -> None:
