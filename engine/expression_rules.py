@@ -47,19 +47,20 @@ def check_expression(node: exp.Expr, where: str, *, deterministic: bool) -> None
         if isinstance(sub, (exp.Subquery, exp.Query)) or (
             isinstance(sub, exp.Exists) and isinstance(sub.this, (exp.Subquery, exp.Query))
         ):
-            raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.")
+            raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.", field=where)
         if isinstance(sub, exp.Window):
-            raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.")
+            raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.", field=where)
         if isinstance(sub, exp.AggFunc):
             raise MergeSpecError(
-                f"{where}: aggregate functions are not supported in a MERGE expression ({sub.sql(dialect=DIALECT)})."
+                f"{where}: aggregate functions are not supported in a MERGE expression ({sub.sql(dialect=DIALECT)}).",
+                field=where,
             )
         name = function_name(sub)
         if isinstance(sub, exp.Anonymous):
             check_function_name(name, where)
         if deterministic and (name in NONDETERMINISTIC_FUNCTIONS or isinstance(sub, (exp.Rand, exp.Randn))):
             raise MergeSpecError(
-                f"{where}: non-deterministic functions are not supported in a MERGE condition ({name}())."
+                f"{where}: non-deterministic functions are not supported in a MERGE condition ({name}()).", field=where
             )
 
 
@@ -85,7 +86,7 @@ def check_function_name(name: str, where: str) -> None:
     if name in ALLOWED_FUNCTIONS:
         return
     reason = REFUSED_FUNCTIONS.get(name, "it is not one of the Spark built-in functions a merge may call")
-    raise MergeSpecError(f"{where}: the function {name}() is not allowed in a merge: {reason}.")
+    raise MergeSpecError(f"{where}: the function {name}() is not allowed in a merge: {reason}.", field=where)
 
 
 def spark_text(node: exp.Expr, where: str) -> str:
@@ -102,19 +103,21 @@ def check_spark_text(text: str, where: str) -> None:
     reads the server's environment)."""
     if "${" in text:
         raise MergeSpecError(
-            f"{where}: '${{' is not allowed: Spark substitutes variables (including environment variables) there."
+            f"{where}: '${{' is not allowed: Spark substitutes variables (including environment variables) there.",
+            field=where,
         )
     try:
         tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
     except Exception:
-        raise MergeSpecError(f"{where}: cannot read the expression as Spark SQL.") from None
+        raise MergeSpecError(f"{where}: cannot read the expression as Spark SQL.", field=where) from None
     for index, token in enumerate(tokens):
         before = tokens[index - 1] if index else None
         after = tokens[index + 1] if index + 1 < len(tokens) else None
         if token.token_type == TokenType.USING and (after is None or after.token_type != TokenType.L_PAREN):
             raise MergeSpecError(
                 f"{where}: script transforms (... USING 'command') are not allowed: they run a command on the "
-                "Spark server."
+                "Spark server.",
+                field=where,
             )
         if not _is_word(token):
             continue
@@ -124,7 +127,8 @@ def check_spark_text(text: str, where: str) -> None:
         elif name in BARE_FUNCTION_NAMES and not _qualified_or_alias(before):
             raise MergeSpecError(
                 f"{where}: {token.text} is not allowed unqualified: Spark reads it as the function {name}(), "
-                f"{REFUSED_FUNCTIONS[name]}; qualify a column of that name with its table's alias."
+                f"{REFUSED_FUNCTIONS[name]}; qualify a column of that name with its table's alias.",
+                field=where,
             )
 
 
@@ -142,7 +146,8 @@ def _check_call(name: str, before: Token | None, where: str) -> None:
     if before is not None and before.token_type == TokenType.DOT:
         raise MergeSpecError(
             f"{where}: qualified function names ({name}() after a '.') are not allowed: a merge calls Spark's "
-            "built-in functions by their plain names."
+            "built-in functions by their plain names.",
+            field=where,
         )
     if before is not None and before.token_type == TokenType.ALIAS:
         return  # ``AS v(a, b)``: a relation's alias and its column names
@@ -163,16 +168,17 @@ def check_source_query(query: exp.Query, relations: Collection[str], where: str)
         if isinstance(node, exp.QueryTransform):
             raise MergeSpecError(
                 f"{where}: script transforms (SELECT TRANSFORM(...) USING 'command') are not allowed: they run a "
-                "command on the Spark server."
+                "command on the Spark server.",
+                field=where,
             )
         if isinstance(node, (exp.Hint, exp.JoinHint)):
-            raise MergeSpecError(f"{where}: query hints are not allowed in a merge's source query.")
+            raise MergeSpecError(f"{where}: query hints are not allowed in a merge's source query.", field=where)
         if isinstance(node, exp.TableSample):
-            raise MergeSpecError(f"{where}: TABLESAMPLE is not supported in a merge's source query.")
+            raise MergeSpecError(f"{where}: TABLESAMPLE is not supported in a merge's source query.", field=where)
         if isinstance(node, _STATEMENTS):
-            raise MergeSpecError(f"{where}: only a SELECT may be the source of a merge.")
+            raise MergeSpecError(f"{where}: only a SELECT may be the source of a merge.", field=where)
         if isinstance(node, exp.With) and node.args.get("recursive"):
-            raise MergeSpecError(f"{where}: recursive CTEs (WITH RECURSIVE) are not supported.")
+            raise MergeSpecError(f"{where}: recursive CTEs (WITH RECURSIVE) are not supported.", field=where)
         if (
             isinstance(node, exp.CTE)
             and isinstance(node.args.get("alias"), exp.TableAlias)
@@ -180,7 +186,8 @@ def check_source_query(query: exp.Query, relations: Collection[str], where: str)
         ):
             raise MergeSpecError(
                 f"{where}: CTE column lists ({node.alias_or_name}(...) AS) are not supported; name the columns in "
-                "the CTE's SELECT."
+                "the CTE's SELECT.",
+                field=where,
             )
         if isinstance(node, exp.Anonymous):
             check_function_name(function_name(node), where)
@@ -193,7 +200,8 @@ def check_relation(table: exp.Table, relations: Collection[str], where: str) -> 
     if not isinstance(table.this, exp.Identifier):
         raise MergeSpecError(
             f"{where}: table-valued functions ({table.this.sql(dialect=DIALECT, comments=False)}) are not allowed; "
-            "read tables by path, as delta.`/path`."
+            "read tables by path, as delta.`/path`.",
+            field=where,
         )
     name = table.name.lower()
     if (
@@ -204,7 +212,8 @@ def check_relation(table: exp.Table, relations: Collection[str], where: str) -> 
         return
     raise MergeSpecError(
         f"{where}: {table.sql(dialect=DIALECT, comments=False)!r} is neither a table read by path "
-        "(delta.`/path`, parquet., json., csv.) nor a CTE of the query."
+        "(delta.`/path`, parquet., json., csv.) nor a CTE of the query.",
+        field=where,
     )
 
 

@@ -66,13 +66,15 @@ def nesting_depth(text: str) -> int:
 def _check_size(text: str, where: str) -> None:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise MergeSpecError(
-            f"{where}: the expression is {len(text)} characters long; at most {MAX_EXPRESSION_CHARS} are accepted."
+            f"{where}: the expression is {len(text)} characters long; at most {MAX_EXPRESSION_CHARS} are accepted.",
+            field=where,
         )
     nesting = nesting_depth(text)
     if nesting > MAX_EXPRESSION_NESTING:
         raise MergeSpecError(
             f"{where}: parentheses or brackets nest {nesting} levels deep in {_excerpt(text)}; "
-            f"at most {MAX_EXPRESSION_NESTING} are accepted."
+            f"at most {MAX_EXPRESSION_NESTING} are accepted.",
+            field=where,
         )
 
 
@@ -86,12 +88,14 @@ def _check_tree(node: exp.Expression, text: str, where: str) -> None:
         if depth > MAX_EXPRESSION_DEPTH:
             raise MergeSpecError(
                 f"{where}: {_excerpt(text)} nests more than {MAX_EXPRESSION_DEPTH} operations deep (a chain of "
-                "AND or OR counts one level per term); split it or use IN (...)."
+                "AND or OR counts one level per term); split it or use IN (...).",
+                field=where,
             )
         if count > MAX_EXPRESSION_NODES:
             raise MergeSpecError(
                 f"{where}: {_excerpt(text)} has more than {MAX_EXPRESSION_NODES} parts; at most "
-                f"{MAX_EXPRESSION_NODES} are accepted."
+                f"{MAX_EXPRESSION_NODES} are accepted.",
+                field=where,
             )
         stack.extend((child, depth + 1) for child in current.iter_expressions())
 
@@ -100,23 +104,27 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     """One Spark SQL expression; ``where`` names its place in the spec for the error message. Its size is
     bounded (length, nesting, tree depth and parts) so no input can exhaust the parser's or Spark's stack."""
     if not isinstance(text, str) or not text.strip():
-        raise MergeSpecError(f"{where}: the expression is empty.")
+        raise MergeSpecError(f"{where}: the expression is empty.", field=where)
     _check_size(text, where)
     try:
         parsed = sqlglot.parse(quote_dereferenced_names(text), read=DIALECT)
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}") from None
+        raise MergeSpecError(
+            f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}", field=where
+        ) from None
     except RecursionError:
-        raise MergeSpecError(f"{where}: {_excerpt(text)} nests too deeply to parse.") from None
+        raise MergeSpecError(f"{where}: {_excerpt(text)} nests too deeply to parse.", field=where) from None
     except Exception as exc:
         first = f"{type(exc).__name__}: {exc}"
-        raise MergeSpecError(f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}") from None
+        raise MergeSpecError(
+            f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}", field=where
+        ) from None
     if len(parsed) != 1 or parsed[0] is None:
-        raise MergeSpecError(f"{where}: expected one expression, got {_excerpt(text)}.")
+        raise MergeSpecError(f"{where}: expected one expression, got {_excerpt(text)}.", field=where)
     node = parsed[0]
     if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(node, exp.Expression):
-        raise MergeSpecError(f"{where}: {_excerpt(text)} is not an expression.")
+        raise MergeSpecError(f"{where}: {_excerpt(text)} is not an expression.", field=where)
     _check_tree(node, text, where)
     return node
 
@@ -127,11 +135,11 @@ def parse_query(text: str, where: str) -> exp.Query:
         parsed = sqlglot.parse(text, read=DIALECT)
     except ParseError as exc:
         first = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"{where}: cannot parse the source query: {first}") from None
+        raise MergeSpecError(f"{where}: cannot parse the source query: {first}", field=where) from None
     except Exception as exc:
-        raise MergeSpecError(f"{where}: cannot parse the source query: {type(exc).__name__}") from None
+        raise MergeSpecError(f"{where}: cannot parse the source query: {type(exc).__name__}", field=where) from None
     if len(parsed) != 1 or not isinstance(parsed[0], exp.Query):
-        raise MergeSpecError(f"{where}: the source query must be one SELECT.")
+        raise MergeSpecError(f"{where}: the source query must be one SELECT.", field=where)
     return parsed[0]
 
 

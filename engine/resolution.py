@@ -150,7 +150,9 @@ class Resolver:
                 try:
                     frame.select(F.expr(text)).schema  # noqa: B018
                 except PySparkException as exc:
-                    raise MergeResolutionError(f"{where}: cannot resolve {text!r}: {_spark_message(exc)}") from None
+                    raise MergeResolutionError(
+                        f"{where}: cannot resolve {text!r}: {_spark_message(exc)}", field=where
+                    ) from None
             raise
 
     # --- star expansion and schema evolution -----------------------------------------------------------------
@@ -216,7 +218,9 @@ class Resolver:
         self.target_values = target_values
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
-            raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
+            raise MergeResolutionError(
+                f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.", field="on"
+            )
         resolved = ResolvedMerge(
             on=F.expr(spec.on),
             on_sql=spec.on,
@@ -280,7 +284,8 @@ class Resolver:
                         raise MergeResolutionError(
                             f"{where}: {kind} * needs every target column in the source; cannot resolve "
                             f"{quote_path((self.t, f.name))} in {kind.split()[0]} clause given columns "
-                            f"{', '.join(quote_path((self.s, c.name)) for c in self.source_schema.fields)}."
+                            f"{', '.join(quote_path((self.s, c.name)) for c in self.source_schema.fields)}.",
+                            field=where,
                         )
                 elif isinstance(assigned.get(key), dict):
                     values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
@@ -310,7 +315,8 @@ class Resolver:
         if cond_sql is not None:
             if not isinstance(types[0], (BooleanType, NullType)):
                 raise MergeResolutionError(
-                    f"{where}.condition: must be boolean, not {types[0].simpleString()} ({clause.condition!r})."
+                    f"{where}.condition: must be boolean, not {types[0].simpleString()} ({clause.condition!r}).",
+                    field=f"{where}.condition",
                 )
             condition = F.expr(cond_sql)
         columns: list[Column] | None = None
@@ -362,17 +368,21 @@ class Resolver:
             if path[0] not in fields:
                 raise MergeResolutionError(
                     f"{where}.{field_name}: {shown} is not a column of the target table "
-                    f"(columns: {', '.join(quote_identifier(f.name) for f in out_fields)})."
+                    f"(columns: {', '.join(quote_identifier(f.name) for f in out_fields)}).",
+                    field=f"{where}.{field_name}",
                 )
             if len(path) == 1:
                 if path[0] in result:
-                    raise MergeResolutionError(f"{where}.{field_name}: the column {shown} is assigned twice.")
+                    raise MergeResolutionError(
+                        f"{where}.{field_name}: the column {shown} is assigned twice.", field=f"{where}.{field_name}"
+                    )
                 result[path[0]] = value
                 continue
             if isinstance(action, InsertAction):
                 raise MergeResolutionError(
                     f"{where}.{field_name}: Nested field is not supported in the INSERT clause of MERGE operation "
-                    f"(field = {shown})."
+                    f"(field = {shown}).",
+                    field=f"{where}.{field_name}",
                 )
             node = result.setdefault(path[0], {})
             dtype = fields[path[0]].dataType
@@ -381,12 +391,15 @@ class Resolver:
                 if not isinstance(node, dict) or part not in names:
                     raise MergeResolutionError(
                         f"{where}.{field_name}: {shown}: {quote_path(path[:depth])} ({dtype.simpleString()}) has no "
-                        f"field {quote_identifier(part)} to assign, or it is assigned twice."
+                        f"field {quote_identifier(part)} to assign, or it is assigned twice.",
+                        field=f"{where}.{field_name}",
                     )
                 dtype = names[part].dataType
                 if depth == len(path) - 1:
                     if part in node:
-                        raise MergeResolutionError(f"{where}.{field_name}: {shown} is assigned twice.")
+                        raise MergeResolutionError(
+                            f"{where}.{field_name}: {shown} is assigned twice.", field=f"{where}.{field_name}"
+                        )
                     node[part] = value
                 else:
                     node = node.setdefault(part, {})
@@ -412,7 +425,8 @@ class Resolver:
         if check and not can_ansi_cast(vtype, target):
             raise MergeResolutionError(
                 f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}): "
-                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment."
+                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
+                field=where,
             )
         return f"CAST(({text}) AS {sql_type(target)})"
 

@@ -64,24 +64,28 @@ def _decimal_type(node: exp.DataType, column: str) -> pa.DataType:
     """DECIMAL, DECIMAL(p) or DECIMAL(p, s) within Spark's bounds."""
     written = node.sql(dialect="spark")
     if len(node.expressions) > 2:
-        raise SourceError(f"schema: {written} of column {column!r}: DECIMAL takes at most a precision and a scale.")
+        raise SourceError(
+            f"schema: {written} of column {column!r}: DECIMAL takes at most a precision and a scale.", field="schema"
+        )
     try:
         params = [int(p.name) for p in node.expressions]
     except ValueError:
         raise SourceError(
-            f"schema: {written} of column {column!r}: the precision and scale must be whole numbers."
+            f"schema: {written} of column {column!r}: the precision and scale must be whole numbers.", field="schema"
         ) from None
     precision = params[0] if params else 10
     scale = params[1] if len(params) > 1 else 0
     if not 1 <= precision <= MAX_DECIMAL_PRECISION:
         raise SourceError(
             f"schema: {written} of column {column!r}: the precision must be 1 to {MAX_DECIMAL_PRECISION}, "
-            "as Spark's DECIMAL takes it."
+            "as Spark's DECIMAL takes it.",
+            field="schema",
         )
     if not 0 <= scale <= precision:
         raise SourceError(
             f"schema: {written} of column {column!r}: the scale must be 0 to the precision ({precision}), "
-            "as Spark's DECIMAL takes it."
+            "as Spark's DECIMAL takes it.",
+            field="schema",
         )
     return pa.decimal128(precision, scale)
 
@@ -93,7 +97,9 @@ def _arrow_type(node: exp.DataType, column: str, depth: int = 0) -> pa.DataType:
     if kind == exp.DataType.Type.DECIMAL:
         return _decimal_type(node, column)
     if depth >= MAX_NESTING:
-        raise SourceError(f"schema: the type of column {column!r} nests more than {MAX_NESTING} levels deep.")
+        raise SourceError(
+            f"schema: the type of column {column!r} nests more than {MAX_NESTING} levels deep.", field="schema"
+        )
     if kind == exp.DataType.Type.ARRAY and node.expressions:
         return pa.list_(_arrow_type(node.expressions[0], column, depth + 1))
     if kind == exp.DataType.Type.MAP and len(node.expressions) == 2:
@@ -105,10 +111,14 @@ def _arrow_type(node: exp.DataType, column: str, depth: int = 0) -> pa.DataType:
         for field in node.expressions:
             ftype = field.args.get("kind")
             if not isinstance(field, exp.ColumnDef) or ftype is None:
-                raise SourceError(f"schema: cannot read the struct field {field.sql()!r} of {column!r}.")
+                raise SourceError(
+                    f"schema: cannot read the struct field {field.sql()!r} of {column!r}.", field="schema"
+                )
             fields.append(pa.field(field.name, _arrow_type(ftype, f"{column}.{field.name}", depth + 1)))
         return pa.struct(fields)
-    raise SourceError(f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.")
+    raise SourceError(
+        f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.", field="schema"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,24 +126,28 @@ def parse_schema(ddl: str) -> pa.Schema:
     """A Spark DDL column list (``id BIGINT, name STRING``) as an Arrow schema. Cached: integrations send the
     same few schemas with every batch, and the parse costs more than typing the rows."""
     if re.search(r"(^\s*,)|(,\s*(,|$))", ddl):
-        raise SourceError(f"schema: {ddl!r} has an empty column definition.")
+        raise SourceError(f"schema: {ddl!r} has an empty column definition.", field="schema")
     try:
         create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise SourceError(f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {detail}") from None
+        raise SourceError(
+            f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {detail}", field="schema"
+        ) from None
     except RecursionError:
-        raise SourceError(f"schema: {_text(ddl)} nests more than {MAX_NESTING} levels deep.") from None
+        raise SourceError(f"schema: {_text(ddl)} nests more than {MAX_NESTING} levels deep.", field="schema") from None
     except Exception as exc:
-        raise SourceError(f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {exc}") from None
+        raise SourceError(
+            f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {exc}", field="schema"
+        ) from None
     schema = create.this if isinstance(create, exp.Create) else None
     if not isinstance(schema, exp.Schema) or not schema.expressions:
-        raise SourceError(f"schema: {ddl!r} is not a column list such as 'id BIGINT, name STRING'.")
+        raise SourceError(f"schema: {ddl!r} is not a column list such as 'id BIGINT, name STRING'.", field="schema")
     fields = []
     for column in schema.expressions:
         kind = column.args.get("kind") if isinstance(column, exp.ColumnDef) else None
         if kind is None:
-            raise SourceError(f"schema: {column.sql()!r} needs a name and a type.")
+            raise SourceError(f"schema: {column.sql()!r} needs a name and a type.", field="schema")
         not_null = any(
             isinstance(c.kind, exp.NotNullColumnConstraint) and not c.kind.args.get("allow_null")
             for c in column.args.get("constraints") or []
@@ -141,7 +155,7 @@ def parse_schema(ddl: str) -> pa.Schema:
         fields.append(pa.field(column.name, _arrow_type(kind, column.name), nullable=not not_null))
     names = [f.name.lower() for f in fields]
     if len(set(names)) != len(names):
-        raise SourceError("schema: a column name appears twice.")
+        raise SourceError("schema: a column name appears twice.", field="schema")
     return pa.schema(fields)
 
 
@@ -302,6 +316,7 @@ def _inferred_integer_error(rows: Sequence[Mapping[str, Any]]) -> SourceRowError
                     "integer is given without a schema); give a schema with a DECIMAL(38,0) or STRING column.",
                     row=index,
                     column=str(column),
+                    field=where,
                 )
     return None
 
@@ -310,7 +325,7 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
     """Typed Arrow data for inline rows; a value that does not convert raises SourceRowError naming it."""
     if not rows:
         if schema is None:
-            raise SourceError("rows: an empty rows source needs a schema.")
+            raise SourceError("rows: an empty rows source needs a schema.", field="rows")
         return parse_schema(schema).empty_table()
     if schema is None:
         for index, row in enumerate(rows):
@@ -322,7 +337,7 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
             out_of_range = _inferred_integer_error(rows)
             if out_of_range is not None:
                 raise out_of_range from None
-            raise SourceError(f"rows: cannot infer one type per column ({exc}); give a schema.") from None
+            raise SourceError(f"rows: cannot infer one type per column ({exc}); give a schema.", field="rows") from None
         # A column that is NULL in every row has no type Spark can store; string is Spark's own choice.
         for i, field in enumerate(table.schema):
             if pa.types.is_null(field.type):
@@ -339,13 +354,23 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
         for key, value in row.items():
             field = by_name.get(str(key).lower())
             if field is None:
-                raise SourceRowError(f"rows[{index}].{key}: not a column of the schema.", row=index, column=str(key))
+                raise SourceRowError(
+                    f"rows[{index}].{key}: not a column of the schema.",
+                    row=index,
+                    column=str(key),
+                    field=f"rows[{index}].{key}",
+                )
             values[field.name] = value
         for name, convert in converters.items():
             value = values.get(name)
             if value is None:
                 if not by_name[name.lower()].nullable:
-                    raise SourceRowError(f"rows[{index}].{name}: NULL in a NOT NULL column.", row=index, column=name)
+                    raise SourceRowError(
+                        f"rows[{index}].{name}: NULL in a NOT NULL column.",
+                        row=index,
+                        column=name,
+                        field=f"rows[{index}].{name}",
+                    )
                 columns[name].append(None)
                 continue
             try:
@@ -356,11 +381,12 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], schema: str | None) -> pa.T
                     f"rows[{index}].{name}: {_value_text(value)} does not convert to {declared}: {exc}",
                     row=index,
                     column=name,
+                    field=f"rows[{index}].{name}",
                 ) from None
     try:
         return pa.table(columns, schema=arrow_schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise SourceError(f"rows: {exc}") from None
+        raise SourceError(f"rows: {exc}", field="rows") from None
 
 
 GLOB_CHARACTERS = frozenset("*?[]{}\\")
@@ -383,7 +409,9 @@ def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequ
         df = reader.load(source.path)
         df.schema  # noqa: B018 - resolve now, so a missing path fails as a source error
     except Exception as exc:
-        raise SourceError(f"source: cannot read {source.format} at {source.path}: {_first_line(exc)}") from None
+        raise SourceError(
+            f"source: cannot read {source.format} at {source.path}: {_first_line(exc)}", field="source"
+        ) from None
     return df
 
 
@@ -394,17 +422,19 @@ def check_file_source_path(path: str, lake_roots: Sequence[str] = ()) -> None:
     if found:
         raise SourceError(
             f"source.path: {path!r} contains the glob character(s) {' '.join(found)}; globs are not supported: "
-            "name a file or a directory."
+            "name a file or a directory.",
+            field="source.path",
         )
     scope = ReadScope(path, lake_roots)
     if not scope.contains(path):
-        raise SourceError(f"source.path: {path!r} lies outside the lake; it is not read.")
+        raise SourceError(f"source.path: {path!r} lies outside the lake; it is not read.", field="source.path")
     for parent, dirs, files in os.walk(path):
         for name in (*dirs, *files):
             entry = os.path.join(parent, name)
             if os.path.islink(entry) and not scope.contains(entry):
                 raise SourceError(
-                    f"source.path: {entry!r} under {path!r} is a symlink out of the lake; it is not read."
+                    f"source.path: {entry!r} under {path!r} is a symlink out of the lake; it is not read.",
+                    field="source.path",
                 )
 
 
@@ -436,9 +466,9 @@ def source_dataframe(
             df = spark.sql(query)
             df.schema  # noqa: B018
         except Exception as exc:
-            raise SourceError(f"source: the source query does not run: {_first_line(exc)}") from None
+            raise SourceError(f"source: the source query does not run: {_first_line(exc)}", field="source") from None
         return df
-    raise SourceError(f"source: unsupported source {type(source).__name__}")
+    raise SourceError(f"source: unsupported source {type(source).__name__}", field="source")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -129,7 +129,8 @@ def struct_by_name(
         if any(name not in target_names for name in by_name) or (missing and not allow_missing):
             raise MergeResolutionError(
                 f"{where}: Cannot cast {source.simpleString()} to {target.simpleString()}. All nested columns must "
-                "match."
+                "match.",
+                field=where,
             )
         parts = []
         for f in target.fields:
@@ -156,7 +157,8 @@ def struct_by_name(
         return f"transform({text}, {element} -> {inner})"
     if source != target and not can_ansi_cast(source, target):
         raise MergeResolutionError(
-            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment."
+            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment.",
+            field=where,
         )
     return text
 

@@ -49,7 +49,8 @@ def check_scope(node: exp.Expr, clause_type: str, target_alias: str, source_alia
         if column.table and str(column.table).lower() == other.lower() and not column.args.get("db"):
             raise MergeResolutionError(
                 f"{where}: {column.sql(dialect='spark')} cannot be resolved: {clause_name} clauses can only refer "
-                f"to the {side} ({alias})."
+                f"to the {side} ({alias}).",
+                field=where,
             )
 
 
@@ -101,7 +102,7 @@ def _checked_assignments(
     assignments = action.set if isinstance(action, UpdateAction) else action.values
     field = "set" if isinstance(action, UpdateAction) else "values"
     if not assignments:
-        raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.")
+        raise MergeSpecError(f"{where}.{field}: at least one column must be assigned.", field=f"{where}.{field}")
     trees: dict[str, exp.Expression] = {}
     seen: set[tuple[str, ...]] = set()
     for column, value in assignments.items():
@@ -109,7 +110,8 @@ def _checked_assignments(
         if len(path) > 1 and isinstance(action, InsertAction):
             raise MergeSpecError(
                 f"{where}.{field}: Nested field is not supported in the INSERT clause "
-                f"of MERGE operation (field = {quote_path(path)})."
+                f"of MERGE operation (field = {quote_path(path)}).",
+                field=f"{where}.{field}",
             )
         # A column and a field inside it, or one field twice, would each set the same value.
         other = next((p for p in seen if p[: len(path)] == path or path[: len(p)] == p), None)
@@ -118,7 +120,8 @@ def _checked_assignments(
             raise MergeSpecError(
                 f"{where}.{field}: there is a conflict from these SET columns: "
                 f"{quote_path(other)} and {quote_path(path)}; a column may be assigned only once in one "
-                f"{kind}."
+                f"{kind}.",
+                field=f"{where}.{field}",
             )
         seen.add(path)
         value_where = f"{where}.{field}.{column}"
@@ -176,11 +179,11 @@ def column_path(
     ``where`` names the key's place in the spec for the error message."""
     where = where or f"column {column!r}"
     if not isinstance(column, str):
-        raise MergeSpecError(f"{where}: a column name must be a string.")
+        raise MergeSpecError(f"{where}: a column name must be a string.", field=where)
     try:
         parts = tuple(p.lower() for p in parse_column_path(column))
     except ColumnPathError as exc:
-        raise MergeSpecError(f"{where}: {exc}.") from None
+        raise MergeSpecError(f"{where}: {exc}.", field=where) from None
     if len(parts) > 1 and parts[0] == target_alias.lower() and (columns is None or parts[1] in columns):
         return parts[1:]
     return parts
