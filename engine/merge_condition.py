@@ -142,10 +142,10 @@ class MergeCondition:
             if None in found:
                 return None
             if found == {"target"}:
-                target_only.append(_qualified(conjunct, sides, aliases))
+                target_only.append(_qualified_by_side(conjunct, sides, aliases))
                 continue
             if found == {"source"}:
-                source_only.append(_qualified(conjunct, sides, aliases))
+                source_only.append(_qualified_by_side(conjunct, sides, aliases))
                 continue
             if not isinstance(conjunct, (exp.EQ, exp.NullSafeEQ)):
                 return None
@@ -160,7 +160,7 @@ class MergeCondition:
         return KeyedOn(tuple(keys), tuple(target_only), tuple(source_only))
 
 
-def _qualified(node: exp.Expr, sides: Sides, aliases: dict[str, str]) -> exp.Expr:
+def _qualified_by_side(node: exp.Expr, sides: Sides, aliases: dict[str, str]) -> exp.Expr:
     def qualify(n: exp.Expr) -> exp.Expr:
         if isinstance(n, exp.Column):
             side = sides.side(n)

@@ -1,6 +1,5 @@
 """Storing a value of one type into a column of another, as Delta's MERGE does under Spark's ANSI store
-assignment policy: which casts are allowed, structs paired by field name, and the struct types schema evolution
-widens."""
+assignment policy: which casts are allowed, and structs paired by field name."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from pyspark.sql.types import (
     NullType,
     NumericType,
     StringType,
-    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
@@ -161,23 +159,3 @@ def struct_by_name(
             field=where,
         )
     return text
-
-
-def evolved_type(existing: DataType, source: DataType) -> DataType | None:
-    """``existing`` with the fields the source's structs add appended, at any depth (Delta's schema evolution of
-    nested fields); None when the source adds none."""
-    if isinstance(existing, StructType) and isinstance(source, StructType):
-        by_name = {f.name.lower(): f for f in source.fields}
-        fields, changed = [], False
-        for f in existing.fields:
-            sf = by_name.get(f.name.lower())
-            merged = evolved_type(f.dataType, sf.dataType) if sf is not None else None
-            fields.append(f if merged is None else StructField(f.name, merged, f.nullable, f.metadata))
-            changed = changed or merged is not None
-        known = set(_field_names(existing))
-        added = [StructField(f.name, f.dataType, True) for f in source.fields if f.name.lower() not in known]
-        return StructType(fields + added) if changed or added else None
-    if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
-        element = evolved_type(existing.elementType, source.elementType)
-        return None if element is None else ArrayType(element, existing.containsNull)
-    return None
