@@ -14,8 +14,8 @@ from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
     from engine.command import run_merge
+    from engine.inline_rows import rows_to_arrow
     from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-    from engine.source import rows_to_arrow
     from engine.spark import connect
     from engine.spec import (
         DeleteAction,
@@ -38,7 +38,7 @@ _EXPORTS = {
     "AppTransaction": "engine.result",
     "MergeResult": "engine.result",
     "Phase": "engine.result",
-    "rows_to_arrow": "engine.source",
+    "rows_to_arrow": "engine.inline_rows",
     "connect": "engine.spark",
     "DeleteAction": "engine.spec",
     "InsertAction": "engine.spec",

@@ -27,8 +27,8 @@ from sqlglot import exp
 
 from engine.delta import INTEGRAL_TYPES, Snapshot
 from engine.expressions import quote_identifier
+from engine.inline_rows import rows_to_arrow
 from engine.merge_condition import MergeCondition, Sides
-from engine.source import rows_to_arrow
 from engine.spec import MergeSpec, RowsSource, TableSource
 
 MAX_PARTITION_VALUES_FOR_SKIPPING = 200
