@@ -188,6 +188,43 @@ def parse_merge_sql(text: str) -> MergeSpec:
     """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong.
     ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
     text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
+    merge = _merge_statement(text)
+    target = merge.this
+    if not isinstance(target, exp.Table):
+        raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.", field="sql")
+    target_source = _table_source(target, "MERGE INTO")
+    if target_source.format != "delta":
+        raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.", field="sql")
+    using = merge.args.get("using")
+    on = merge.args.get("on")
+    if using is None or not isinstance(on, exp.Expression):
+        raise MergeSpecError("sql: MERGE needs USING and ON.", field="sql")
+    target_alias, source_alias = _alias(target, "target"), _alias(using, "source")
+    source_names, target_names = _qualifiers(using, source_alias), _qualifiers(target, target_alias)
+    # A table merged into itself without aliases leaves its name ambiguous, as Spark finds it.
+    qualifiers = {
+        k: v for k, v in {**source_names, **target_names}.items() if not (k in source_names and k in target_names)
+    }
+    whens = merge.args.get("whens")
+    for node in (on, whens):
+        if node is not None:
+            _requalify(node, qualifiers)
+    groups = _clauses(whens)
+    return MergeSpec(
+        target=target_source.path,
+        source=_source(using),
+        on=sql(on),
+        matched=tuple(groups["matched"]),
+        not_matched=tuple(groups["notMatched"]),
+        not_matched_by_source=tuple(groups["notMatchedBySource"]),
+        target_alias=target_alias,
+        source_alias=source_alias,
+        schema_evolution=bool(evolution),
+    )
+
+
+def _merge_statement(text: str) -> exp.Merge:
+    """The one MERGE statement of ``text``, parsed once its nesting is known to be bounded."""
     nesting = nesting_depth(text)
     if nesting > MAX_STATEMENT_NESTING:
         raise MergeSpecError(
@@ -209,27 +246,11 @@ def parse_merge_sql(text: str) -> MergeSpec:
         ) from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
         raise MergeSpecError("sql: expected exactly one MERGE INTO statement.", field="sql")
-    merge = statements[0]
-    target = merge.this
-    if not isinstance(target, exp.Table):
-        raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.", field="sql")
-    target_source = _table_source(target, "MERGE INTO")
-    if target_source.format != "delta":
-        raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.", field="sql")
-    using = merge.args.get("using")
-    on = merge.args.get("on")
-    if using is None or not isinstance(on, exp.Expression):
-        raise MergeSpecError("sql: MERGE needs USING and ON.", field="sql")
-    target_alias, source_alias = _alias(target, "target"), _alias(using, "source")
-    source_names, target_names = _qualifiers(using, source_alias), _qualifiers(target, target_alias)
-    # A table merged into itself without aliases leaves its name ambiguous, as Spark finds it.
-    qualifiers = {
-        k: v for k, v in {**source_names, **target_names}.items() if not (k in source_names and k in target_names)
-    }
-    whens = merge.args.get("whens")
-    for node in (on, whens):
-        if node is not None:
-            _requalify(node, qualifiers)
+    return statements[0]
+
+
+def _clauses(whens: exp.Expr | None) -> dict[str, list[MergeClause]]:
+    """The WHEN clauses by Delta's clause type, in their order."""
     groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
     for when in whens.expressions if whens is not None else []:
         if when.args.get("matched"):
@@ -247,14 +268,4 @@ def parse_merge_sql(text: str) -> MergeSpec:
                 condition=sql(condition) if condition is not None else None,
             )
         )
-    return MergeSpec(
-        target=target_source.path,
-        source=_source(using),
-        on=sql(on),
-        matched=tuple(groups["matched"]),
-        not_matched=tuple(groups["notMatched"]),
-        not_matched_by_source=tuple(groups["notMatchedBySource"]),
-        target_alias=target_alias,
-        source_alias=source_alias,
-        schema_evolution=bool(evolution),
-    )
+    return groups
