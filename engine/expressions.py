@@ -8,8 +8,6 @@ without a table: the rules on what an expression may call (``engine.expression_r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
@@ -146,7 +144,3 @@ def parse_query(text: str, where: str) -> exp.Query:
 def sql(node: exp.Expr) -> str:
     """Spark SQL text of a tree, without comments (Spark and sqlglot read comments differently)."""
     return node.sql(dialect=DIALECT, comments=False)
-
-
-def referenced_columns(text: str, where: str) -> Sequence[exp.Column]:
-    return list(parse_expression(text, where).find_all(exp.Column))
