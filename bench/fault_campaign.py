@@ -1,7 +1,7 @@
 """A randomized fault campaign against the whole service (issue 24, "Prove it").
 
 Real processes, kept up across runs: a PostgreSQL server (the service tests' ``PostgresServer``, Debian's
-package), a Spark Connect server (``engine.spark.start_connect_server``), the API (``merge-service api``) and
+package), a Spark Connect server (``engine.spark_server.start_connect_server``), the API (``merge-service api``) and
 ``--workers`` merge workers (``merge-service worker``), over ``--tables`` small Delta tables on a lake that is a
 small tmpfs of its own (when run as root; a plain directory otherwise, and then no disk-full fault).
 
@@ -61,7 +61,7 @@ import psycopg
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from engine.spark import SparkProcess, free_port, start_connect_server
+from engine.spark_server import SparkProcess, free_port, start_connect_server
 from tests.service.conftest import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]

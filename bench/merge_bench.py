@@ -917,7 +917,7 @@ def spark_server(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str,
     if args.remote:
         yield args.remote, None
         return
-    from engine.spark import start_connect_server
+    from engine.spark_server import start_connect_server
 
     server = start_connect_server(conf={"spark.driver.memory": args.driver_memory}, log_dir=workdir / "spark-logs")
     try:
@@ -932,7 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(*args.child)
     from deltalake import write_deltalake
 
-    from engine.spark import SERVER_CONF
+    from engine.spark_server import SERVER_CONF
 
     started = time.perf_counter()
 

@@ -14,9 +14,8 @@ from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
     from engine.command import run_merge
-    from engine.expressions import validate_spec
+    from engine.inline_rows import rows_to_arrow
     from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-    from engine.source import rows_to_arrow
     from engine.spark import connect
     from engine.spec import (
         DeleteAction,
@@ -29,16 +28,17 @@ if TYPE_CHECKING:
         UpdateAction,
     )
     from engine.sql import parse_merge_sql
+    from engine.validation import validate_spec
 
 _EXPORTS = {
     "run_merge": "engine.command",
-    "validate_spec": "engine.expressions",
+    "validate_spec": "engine.validation",
     "ALL_METRICS": "engine.result",
     "COMMIT_METRICS": "engine.result",
     "AppTransaction": "engine.result",
     "MergeResult": "engine.result",
     "Phase": "engine.result",
-    "rows_to_arrow": "engine.source",
+    "rows_to_arrow": "engine.inline_rows",
     "connect": "engine.spark",
     "DeleteAction": "engine.spec",
     "InsertAction": "engine.spec",

@@ -28,23 +28,15 @@ from engine.errors import (
     MergeServiceEngineError,
 )
 from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor
-from engine.expressions import (
-    Sides,
-    and_all,
-    conjuncts,
-    equi_join_keys,
-    parse_expression,
-    sql,
-    strip_qualifiers,
-    target_only_predicates,
-    validate_spec,
-)
+from engine.expressions import sql
+from engine.merge_condition import Sides, and_all, conjuncts, strip_qualifiers
 from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
 from engine.source_keys import SourceKeyRanges
 from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, MergeClause, MergeSpec, RowsSource, TableSource, UpdateAction
+from engine.validation import ParsedMerge, parse_merge
 
 MAX_CONFLICT_RETRIES = 3
 ENGINE_INFO = "merge-service/0.1.0"
@@ -64,13 +56,13 @@ def run_merge(
     """Apply one merge to its target as one Delta commit. A commit that loses a race with a conflicting one is
     redone from a fresh snapshot a few times before the conflict is raised.
 
-    ``validated``: ``spec`` is what ``validate_spec`` returned for it in this process, so it is not checked again.
+    ``validated``: ``spec`` is what ``validate_spec`` returned for it in this process, so its expressions are
+    parsed (once, for the whole merge) but not judged again.
     """
-    if not validated:
-        spec = validate_spec(spec)
+    parsed = parse_merge(spec, checked=validated)
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
-            return MergeIntoCommand(spark, spec, txn=txn, on_progress=on_progress, dry_run=dry_run).run()
+            return MergeIntoCommand(spark, parsed, txn=txn, on_progress=on_progress, dry_run=dry_run).run()
         except ConcurrentModificationError:
             if attempt == MAX_CONFLICT_RETRIES - 1:
                 raise
@@ -81,14 +73,15 @@ class MergeIntoCommand:
     def __init__(
         self,
         spark: SparkSession,
-        spec: MergeSpec,
+        parsed: ParsedMerge,
         *,
         txn: AppTransaction | None,
         on_progress: ProgressCallback | None,
         dry_run: bool,
     ) -> None:
         self.spark = spark
-        self.spec = spec
+        self.parsed = parsed
+        self.spec = spec = parsed.spec
         self.txn = txn
         self.on_progress = on_progress or (lambda phase: None)
         self.dry_run = dry_run
@@ -99,7 +92,7 @@ class MergeIntoCommand:
         self._outcome_unknown = False
         self._source_snap: Snapshot | None = None
         self._ctx: MergeContext | None = None
-        self._source_keys = SourceKeyRanges(spec, self._source_snapshot)
+        self._source_keys = SourceKeyRanges(spec, parsed.on, self._source_snapshot)
 
     def run(self) -> MergeResult:
         start = time.monotonic()
@@ -152,7 +145,7 @@ class MergeIntoCommand:
         spec = self.spec
         source = self._prepare_source()
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
-        resolved = Resolver(spec, source, target_empty, snapshot.spark_schema).resolve()
+        resolved = Resolver(self.parsed, source, target_empty, snapshot.spark_schema).resolve()
 
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))
@@ -164,7 +157,7 @@ class MergeIntoCommand:
         )
         predicate, candidates = self._skip_files(snapshot, source, sides)
         m = self.metrics
-        key_exprs = [sql(e) for _, e in equi_join_keys(spec.on, sides)]
+        key_exprs = [sql(e) for _, e in resolved.on_condition.equi_join_keys(sides)]
         ctx = MergeContext(
             self.spark,
             spec,
@@ -289,7 +282,7 @@ class MergeIntoCommand:
         spec = self.spec
         if spec.not_matched_by_source or not files:
             return None
-        predicates = target_only_predicates(spec.on, sides)
+        predicates = self.parsed.on.target_only_predicates(sides)
         if spec.is_matched_only:
             matched = self._matched_conditions_predicate(sides)
             if matched is not None:
@@ -307,7 +300,7 @@ class MergeIntoCommand:
                 return None
             parts = and_all(
                 strip_qualifiers(c)
-                for c in conjuncts(parse_expression(clause.condition, "condition"))
+                for c in conjuncts(self.parsed.tree(clause.condition))
                 if sides.sides_of(c) == {"target"}
             )
             if parts is None:

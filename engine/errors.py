@@ -16,6 +16,14 @@ class MergeServiceEngineError(Exception):
     title = "Merge failed"
     retryable = False
 
+    def __init__(self, *args: object, field: str | None = None) -> None:
+        super().__init__(*args)
+        self.field = field
+        """Where in the merge the fault is, as the message names it first (``field: ...``): a field of the spec
+        (``on``, ``when_matched[0].set.v``, ``source.query``, ``schema``) or the part of a SQL statement
+        (``sql``, ``MERGE INTO``); None when the message names none. Callers read it here, never out of the
+        message."""
+
 
 # --- the spec and its resolution ---------------------------------------------------------------------------
 
@@ -49,8 +57,8 @@ class SourceRowError(SourceError):
 
     title = "Invalid source row"
 
-    def __init__(self, message: str, *, row: int, column: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, row: int, column: str, field: str | None = None) -> None:
+        super().__init__(message, field=field)
         self.row = row
         self.column = column
 

@@ -29,7 +29,7 @@ from engine.context import MergeContext, observe, observed_source_rows, source_w
 from engine.delta import AddCDCFile, AddFile
 from engine.delta.write import mark_rows_deleted
 from engine.errors import MergeExecutionError, MultipleMatchError
-from engine.expressions import KeyedOn, quote_identifier, sql
+from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column
 from engine.joins import (
     broadcast_full_outer,
@@ -38,6 +38,7 @@ from engine.joins import (
     unmatched_source_rows_by_matched_keys,
 )
 from engine.key_bitmap import KeyBitmap
+from engine.merge_condition import KeyedOn
 from engine.output import (
     ACTION_COL,
     DROP_SOURCE,

@@ -16,7 +16,8 @@ from pyspark.sql.types import (
 
 from engine.context import MergeContext
 from engine.delta import INTEGRAL_TYPES
-from engine.expressions import KeyedOn, Sides, keyed_on, quote_identifier
+from engine.expressions import quote_identifier
+from engine.merge_condition import KeyedOn, Sides
 
 
 def _same_key_values(source: DataType | None, target: DataType | None) -> bool:
@@ -51,7 +52,7 @@ def keyed_join(ctx: MergeContext) -> KeyedOn | None:
     target_types = {f.name.lower(): f.dataType for f in ctx.snapshot.spark_schema.fields}
     source_types = {f.name.lower(): f.dataType for f in ctx.source.schema.fields}
     sides = Sides(spec.target_alias, spec.source_alias, frozenset(target_types), frozenset(source_types))
-    keyed = keyed_on(spec.on, sides)
+    keyed = ctx.resolved.on_condition.keyed_on(sides)
     if keyed is None:
         return None
     for key in keyed.keys:

@@ -15,9 +15,10 @@ from pyspark.sql.types import (
 from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddFile
-from engine.expressions import KeyedOn, sql
+from engine.expressions import sql
 from engine.join_keys import key_condition, qualified_column
 from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
+from engine.merge_condition import KeyedOn
 
 BROADCAST_SOURCE_BYTES = 64 * 1024 * 1024
 """Sources up to this estimated size are broadcast (Spark's autoBroadcastJoinThreshold in the session)."""

@@ -12,8 +12,9 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.context import MergeContext
-from engine.expressions import KeyedOn, quote_identifier, sql
+from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, one_integer_key, qualified_column
+from engine.merge_condition import KeyedOn
 
 KEY_BITMAP_MIN_SOURCE_ROWS = 100_000
 """Sources of at least this many rows get a bitmap of their join keys: their broadcast hash table outgrows the

@@ -16,189 +16,35 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
     BooleanType,
     DataType,
-    DateType,
-    MapType,
     NullType,
-    NumericType,
-    StringType,
     StructField,
     StructType,
-    TimestampNTZType,
-    TimestampType,
 )
 from sqlglot import exp
 
+from engine.assignments import assigned_values
 from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
-from engine.errors import MergeResolutionError, SchemaMismatchError
-from engine.expressions import check_scope, clause_where, column_path, parse_expression, quote_identifier, sql
-from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
-
-
-def can_ansi_cast(source: DataType, target: DataType) -> bool:
-    """Spark's ``Cast.canAnsiCast``: the casts Delta's MERGE puts on assigned values under the ANSI store
-    assignment policy (UpdateExpressionsSupport.castIfNeeded builds an ANSI ``Cast``, so ``'42'`` goes into an
-    INT column and ``'x'`` fails the merge when the row is written). Nullability is left to the NOT NULL checks
-    of the write."""
-    if source == target or isinstance(source, NullType) or isinstance(target, StringType):
-        return True
-    numeric = isinstance(source, NumericType)
-    text = isinstance(source, StringType)
-    if isinstance(target, BinaryType):
-        return text
-    if isinstance(target, BooleanType):
-        return text or numeric
-    if isinstance(target, TimestampType):
-        return text or numeric or isinstance(source, (DateType, TimestampNTZType))
-    if isinstance(target, TimestampNTZType):
-        return text or isinstance(source, (DateType, TimestampType))
-    if isinstance(target, DateType):
-        return text or isinstance(source, (TimestampType, TimestampNTZType))
-    if isinstance(target, NumericType):
-        return text or numeric or isinstance(source, (BooleanType, TimestampType))
-    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
-        return can_ansi_cast(source.elementType, target.elementType)
-    if isinstance(source, MapType) and isinstance(target, MapType):
-        return can_ansi_cast(source.keyType, target.keyType) and can_ansi_cast(source.valueType, target.valueType)
-    if isinstance(source, StructType) and isinstance(target, StructType):
-        return len(source.fields) == len(target.fields) and all(
-            can_ansi_cast(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
-        )
-    return False
-
-
-def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
-    """Spark's ``Cast.canANSIStoreAssign``: the type changes schema evolution accepts for an existing column
-    (a stricter rule than the casts of assigned values)."""
-    if source == target or isinstance(source, NullType):
-        return True
-    if isinstance(source, NumericType) and isinstance(target, NumericType):
-        return True
-    if isinstance(target, StringType) and not isinstance(source, (ArrayType, MapType, StructType)):
-        return True
-    if isinstance(source, (DateType, TimestampType, TimestampNTZType)) and isinstance(
-        target, (DateType, TimestampType, TimestampNTZType)
-    ):
-        return True
-    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
-        return can_ansi_store_assign(source.elementType, target.elementType)
-    if isinstance(source, MapType) and isinstance(target, MapType):
-        return can_ansi_store_assign(source.keyType, target.keyType) and can_ansi_store_assign(
-            source.valueType, target.valueType
-        )
-    if isinstance(source, StructType) and isinstance(target, StructType):
-        return len(source.fields) == len(target.fields) and all(
-            can_ansi_store_assign(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
-        )
-    return False
+from engine.errors import MergeResolutionError
+from engine.expressions import parse_expression, quote_identifier, sql
+from engine.merge_condition import MergeCondition
+from engine.schema_evolution import evolved_schema
+from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
+from engine.store_assignment import (
+    can_ansi_cast,
+    needs_struct_by_name,
+    sql_string,
+    sql_type,
+    struct_by_name,
+)
+from engine.validation import ParsedMerge, check_scope, clause_where
 
 
 def _column_default(column: StructField) -> str:
     """The column's default value as SQL (allowColumnDefaults' CURRENT_DEFAULT), else NULL."""
     default = (column.metadata or {}).get(DEFAULT_KEY)
     return "NULL" if default is None else str(default)
-
-
-def sql_string(text: str) -> str:
-    """A Spark SQL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def sql_type(dtype: DataType) -> str:
-    """A type as CAST reads it, field names quoted (``simpleString`` leaves them bare)."""
-    if isinstance(dtype, StructType):
-        return "struct<" + ",".join(f"{quote_identifier(f.name)}:{sql_type(f.dataType)}" for f in dtype.fields) + ">"
-    if isinstance(dtype, ArrayType):
-        return f"array<{sql_type(dtype.elementType)}>"
-    if isinstance(dtype, MapType):
-        return f"map<{sql_type(dtype.keyType)},{sql_type(dtype.valueType)}>"
-    return dtype.simpleString()
-
-
-def _field_names(struct: StructType) -> list[str]:
-    return [f.name.lower() for f in struct.fields]
-
-
-def needs_struct_by_name(source: DataType, target: DataType) -> bool:
-    """Whether a positional cast would pair the wrong fields: some struct (or struct in an array) in ``source``
-    names its fields otherwise, or in another order, than the target's."""
-    if isinstance(source, StructType) and isinstance(target, StructType):
-        if _field_names(source) != _field_names(target):
-            return True
-        return any(
-            needs_struct_by_name(a.dataType, b.dataType) for a, b in zip(source.fields, target.fields, strict=True)
-        )
-    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
-        return needs_struct_by_name(source.elementType, target.elementType)
-    return False
-
-
-def struct_by_name(
-    text: str, source: DataType, target: DataType, *, allow_missing: bool, where: str, depth: int = 0
-) -> str:
-    """SQL that stores ``text`` (of type ``source``) into ``target`` pairing struct fields by name, as Delta's
-    MERGE does (resolveMergeUpdateStructsByName): every source field must exist in the target, and a target
-    field the source lacks is NULL only under schema evolution. Leaves keep ANSI store assignment."""
-    if isinstance(source, StructType) and isinstance(target, StructType):
-        by_name = {f.name.lower(): f for f in source.fields}
-        target_names = set(_field_names(target))
-        missing = [f for f in target.fields if f.name.lower() not in by_name]
-        if any(name not in target_names for name in by_name) or (missing and not allow_missing):
-            raise MergeResolutionError(
-                f"{where}: Cannot cast {source.simpleString()} to {target.simpleString()}. All nested columns must "
-                "match."
-            )
-        parts = []
-        for f in target.fields:
-            sf = by_name.get(f.name.lower())
-            value = (
-                "NULL"
-                if sf is None
-                else struct_by_name(
-                    f"({text}).{quote_identifier(sf.name)}",
-                    sf.dataType,
-                    f.dataType,
-                    allow_missing=allow_missing,
-                    where=where,
-                    depth=depth + 1,
-                )
-            )
-            parts.append(f"{sql_string(f.name)}, CAST({value} AS {sql_type(f.dataType)})")
-        return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
-    if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
-        element = f"_element_{depth}_"
-        inner = struct_by_name(
-            element, source.elementType, target.elementType, allow_missing=allow_missing, where=where, depth=depth + 1
-        )
-        return f"transform({text}, {element} -> {inner})"
-    if source != target and not can_ansi_cast(source, target):
-        raise MergeResolutionError(
-            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment."
-        )
-    return text
-
-
-def evolved_type(existing: DataType, source: DataType) -> DataType | None:
-    """``existing`` with the fields the source's structs add appended, at any depth (Delta's schema evolution of
-    nested fields); None when the source adds none."""
-    if isinstance(existing, StructType) and isinstance(source, StructType):
-        by_name = {f.name.lower(): f for f in source.fields}
-        fields, changed = [], False
-        for f in existing.fields:
-            sf = by_name.get(f.name.lower())
-            merged = evolved_type(f.dataType, sf.dataType) if sf is not None else None
-            fields.append(f if merged is None else StructField(f.name, merged, f.nullable, f.metadata))
-            changed = changed or merged is not None
-        known = set(_field_names(existing))
-        added = [StructField(f.name, f.dataType, True) for f in source.fields if f.name.lower() not in known]
-        return StructType(fields + added) if changed or added else None
-    if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
-        element = evolved_type(existing.elementType, source.elementType)
-        return None if element is None else ArrayType(element, existing.containsNull)
-    return None
 
 
 @dataclass
@@ -227,6 +73,8 @@ class ResolvedClause:
 class ResolvedMerge:
     on: Column
     on_sql: str
+    on_condition: MergeCondition
+    """ON as the merge parsed it, for data skipping and the join plans."""
     output_fields: list[StructField]
     """The table schema after the merge: the target's columns, then new columns from schema evolution."""
     new_columns: list[str]
@@ -242,7 +90,7 @@ class ResolvedMerge:
         return bool(self.new_columns or self.target_values)
 
 
-def _qualify(node: exp.Expression, alias: str) -> exp.Expression:
+def _qualified_with(node: exp.Expression, alias: str) -> exp.Expression:
     """Bare columns belong to ``alias``, the one side a NOT MATCHED [BY SOURCE] clause sees."""
     lambda_vars: set[str] = set()
     for lam in node.find_all(exp.Lambda):
@@ -259,7 +107,9 @@ def _qualify(node: exp.Expression, alias: str) -> exp.Expression:
 class Resolver:
     """Resolves one merge against the source DataFrame and an (empty) target DataFrame of the table schema."""
 
-    def __init__(self, spec: MergeSpec, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+    def __init__(self, parsed: ParsedMerge, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+        spec = parsed.spec
+        self.parsed = parsed
         self.spec = spec
         self.s = spec.source_alias
         self.t = spec.target_alias
@@ -272,12 +122,12 @@ class Resolver:
     # --- expressions, scoped --------------------------------------------------------------------------------
 
     def _scoped_sql(self, text: str, clause_type: str, where: str) -> str:
-        node = parse_expression(text, where)
+        node = self.parsed.tree(text)
         check_scope(node, clause_type, self.t, self.s, where)
         if clause_type == "notMatched":
-            node = _qualify(node, self.s)
+            node = _qualified_with(node, self.s)
         elif clause_type == "notMatchedBySource":
-            node = _qualify(node, self.t)
+            node = _qualified_with(node, self.t)
         return sql(node)
 
     def _frame(self, clause_type: str) -> DataFrame:
@@ -300,7 +150,9 @@ class Resolver:
                 try:
                     frame.select(F.expr(text)).schema  # noqa: B018
                 except PySparkException as exc:
-                    raise MergeResolutionError(f"{where}: cannot resolve {text!r}: {_spark_message(exc)}") from None
+                    raise MergeResolutionError(
+                        f"{where}: cannot resolve {text!r}: {_spark_message(exc)}", field=where
+                    ) from None
             raise
 
     # --- star expansion and schema evolution -----------------------------------------------------------------
@@ -311,65 +163,21 @@ class Resolver:
                 return f
         return None
 
-    def output_fields(self) -> tuple[list[StructField], list[str], dict[str, str]]:
-        """The table schema after the merge, its new top-level columns, and the target's value of each column
-        whose struct type gained fields (SQL, by lower-case name)."""
-        fields = list(self.target_schema.fields)
-        if not self.spec.schema_evolution:
-            return fields, [], {}
-        stars = [c for c in self.spec.clauses if isinstance(c.action, (UpdateAction, InsertAction)) and c.action.star]
-        if not stars:
-            return fields, [], {}
-        position = {f.name.lower(): i for i, f in enumerate(fields)}
-        new: list[str] = []
-        target_values: dict[str, str] = {}
-        for f in self.source_schema.fields:
-            index = position.get(f.name.lower())
-            if index is None:
-                fields.append(StructField(f.name, f.dataType, True))
-                new.append(f.name)
-                continue
-            existing = fields[index]
-            merged = evolved_type(existing.dataType, f.dataType)
-            if merged is not None:
-                fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)
-                column = f"{quote_identifier(self.t)}.{quote_identifier(existing.name)}"
-                target_values[existing.name.lower()] = struct_by_name(
-                    column, existing.dataType, merged, allow_missing=True, where=f"column {existing.name}"
-                )
-            target_type = fields[index].dataType
-            if needs_struct_by_name(f.dataType, target_type):
-                try:
-                    struct_by_name(
-                        quote_identifier(f.name),
-                        f.dataType,
-                        target_type,
-                        allow_missing=True,
-                        where=f"column {existing.name}",
-                    )
-                except MergeResolutionError as exc:
-                    raise SchemaMismatchError(
-                        f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}"
-                    ) from None
-            elif target_type != f.dataType and not can_ansi_store_assign(f.dataType, target_type):
-                raise SchemaMismatchError(
-                    f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
-                    f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
-                )
-        return fields, new, target_values
-
     # --- the whole merge ---------------------------------------------------------------------------------------
 
     def resolve(self) -> ResolvedMerge:
         spec = self.spec
-        out_fields, new_columns, target_values = self.output_fields()
+        out_fields, new_columns, target_values = evolved_schema(spec, self.target_schema, self.source_schema)
         self.target_values = target_values
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
-            raise MergeResolutionError(f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.")
+            raise MergeResolutionError(
+                f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.", field="on"
+            )
         resolved = ResolvedMerge(
             on=F.expr(spec.on),
             on_sql=spec.on,
+            on_condition=self.parsed.on,
             output_fields=out_fields,
             new_columns=new_columns,
             target_values=target_values,
@@ -393,64 +201,12 @@ class Resolver:
         if clause.condition is not None:
             cond_sql = self._scoped_sql(clause.condition, ctype, f"{where}.condition")
             items.append((f"{where}.condition", cond_sql))
-        # One value per output column: (sql text, whether it is an assignment to cast and check).
-        values: list[tuple[str, bool]] | None = None
         action = clause.action
-        new_lower = {n.lower() for n in new_columns}
-        generated = {
-            f.name.lower(): str(f.metadata[GENERATION_KEY])
-            for f in out_fields
-            if f.metadata and f.metadata.get(GENERATION_KEY) is not None
-        }
-        if isinstance(action, (UpdateAction, InsertAction)):
-            is_update = isinstance(action, UpdateAction)
-            kind, field_name = ("UPDATE SET", "set") if is_update else ("INSERT", "values")
-            assigned = {} if action.star else self._assignments(action, where, out_fields)
-            values = []
-            given: set[str] = set()  # the columns the clause gives a value
-            for f in out_fields:
-                key = f.name.lower()
-                # A column the clause gives no value keeps it on UPDATE; on INSERT it takes the column's default
-                # value (allowColumnDefaults), else NULL; a column new by schema evolution is NULL.
-                if is_update and key not in new_lower:
-                    default = (f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
-                else:
-                    default = ("NULL" if key in new_lower else _column_default(f), True)
-                if action.star:
-                    src = self._source_field(f.name)
-                    if src is not None:
-                        values.append((f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True))
-                        given.add(key)
-                    elif key in generated:
-                        values.append(default)  # computed below
-                    elif self.spec.schema_evolution:
-                        values.append(default)
-                    else:
-                        raise MergeResolutionError(
-                            f"{where}: {kind} * needs every target column in the source; cannot resolve "
-                            f"{quote_path((self.t, f.name))} in {kind.split()[0]} clause given columns "
-                            f"{', '.join(quote_path((self.s, c.name)) for c in self.source_schema.fields)}."
-                        )
-                elif isinstance(assigned.get(key), dict):
-                    values.append((self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True))
-                    given.add(key)
-                elif key in assigned and str(assigned[key]).strip().upper() == "DEFAULT":
-                    # The DEFAULT keyword: the column's default value (allowColumnDefaults), else NULL.
-                    values.append((_column_default(f), True))
-                    given.add(key)
-                elif key in assigned:
-                    values.append((self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True))
-                    given.add(key)
-                else:
-                    values.append(default)
-            # Delta's generated columns: a clause that gives one no value computes it from the row's new values
-            # (the write then checks any value given against the expression).
-            for i, f in enumerate(out_fields):
-                if f.name.lower() in generated and f.name.lower() not in given:
-                    values[i] = (
-                        self._generated_sql(generated[f.name.lower()], out_fields, values, f"{where} column {f.name}"),
-                        True,
-                    )
+        values = (
+            self._clause_values(action, ctype, where, out_fields, new_columns)
+            if isinstance(action, (UpdateAction, InsertAction))
+            else None
+        )
         value_offset = len(items)
         if values is not None:
             items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
@@ -459,28 +215,113 @@ class Resolver:
         if cond_sql is not None:
             if not isinstance(types[0], (BooleanType, NullType)):
                 raise MergeResolutionError(
-                    f"{where}.condition: must be boolean, not {types[0].simpleString()} ({clause.condition!r})."
+                    f"{where}.condition: must be boolean, not {types[0].simpleString()} ({clause.condition!r}).",
+                    field=f"{where}.condition",
                 )
             condition = F.expr(cond_sql)
-        columns: list[Column] | None = None
-        if values is not None:
-            columns = []
-            for f, (text, check), vtype in zip(out_fields, values, types[value_offset:], strict=True):
-                # A kept target value (unchecked) misses only the fields schema evolution added.
-                columns.append(
-                    F.expr(
-                        self._stored(
-                            text,
-                            vtype,
-                            f.dataType,
-                            where,
-                            f"column {f.name}",
-                            allow_missing=self.spec.schema_evolution or not check,
-                            check=check,
-                        )
+        columns = None if values is None else self._stored_columns(values, types[value_offset:], out_fields, where)
+        return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
+
+    def _clause_values(
+        self,
+        action: UpdateAction | InsertAction,
+        ctype: str,
+        where: str,
+        out_fields: list[StructField],
+        new_columns: list[str],
+    ) -> list[tuple[str, bool]]:
+        """One value per output column: its SQL text, and whether it is an assignment to cast and check."""
+        new_lower = {n.lower() for n in new_columns}
+        generated = {
+            f.name.lower(): str(f.metadata[GENERATION_KEY])
+            for f in out_fields
+            if f.metadata and f.metadata.get(GENERATION_KEY) is not None
+        }
+        is_update = isinstance(action, UpdateAction)
+        assigned = {} if action.star else assigned_values(action, where, out_fields, self.t)
+        values: list[tuple[str, bool]] = []
+        given: set[str] = set()  # the columns the clause gives a value
+        for f in out_fields:
+            key = f.name.lower()
+            # A column the clause gives no value keeps it on UPDATE; on INSERT it takes the column's default
+            # value (allowColumnDefaults), else NULL; a column new by schema evolution is NULL.
+            if is_update and key not in new_lower:
+                default = (f"{quote_identifier(self.t)}.{quote_identifier(f.name)}", False)
+            else:
+                default = ("NULL" if key in new_lower else _column_default(f), True)
+            if action.star:
+                value = self._star_value(f, is_update, key in generated, default, where)
+            else:
+                value = self._assigned_value(f, assigned, is_update, ctype, where)
+            if value is None:
+                values.append(default)
+            else:
+                values.append(value)
+                given.add(key)
+        # Delta's generated columns: a clause that gives one no value computes it from the row's new values
+        # (the write then checks any value given against the expression).
+        for i, f in enumerate(out_fields):
+            if f.name.lower() in generated and f.name.lower() not in given:
+                values[i] = (
+                    self._generated_sql(generated[f.name.lower()], out_fields, values, f"{where} column {f.name}"),
+                    True,
+                )
+        return values
+
+    def _star_value(
+        self, f: StructField, is_update: bool, generated: bool, default: tuple[str, bool], where: str
+    ) -> tuple[str, bool] | None:
+        """UPDATE SET * and INSERT *: the source column of the same name; None where the column keeps its default
+        (a generated column, computed later, or a column the source lacks under schema evolution)."""
+        src = self._source_field(f.name)
+        if src is not None:
+            return (f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True)
+        if generated or self.spec.schema_evolution:
+            return None
+        kind = "UPDATE SET" if is_update else "INSERT"
+        raise MergeResolutionError(
+            f"{where}: {kind} * needs every target column in the source; cannot resolve "
+            f"{quote_path((self.t, f.name))} in {kind.split()[0]} clause given columns "
+            f"{', '.join(quote_path((self.s, c.name)) for c in self.source_schema.fields)}.",
+            field=where,
+        )
+
+    def _assigned_value(
+        self, f: StructField, assigned: dict[str, Any], is_update: bool, ctype: str, where: str
+    ) -> tuple[str, bool] | None:
+        """The value an UPDATE SET or INSERT assigns the column; None where it assigns none."""
+        key = f.name.lower()
+        field_name = "set" if is_update else "values"
+        if isinstance(assigned.get(key), dict):
+            return (self._nested_update_sql(f, assigned[key], ctype, f"{where}.{field_name}"), True)
+        if key in assigned and str(assigned[key]).strip().upper() == "DEFAULT":
+            # The DEFAULT keyword: the column's default value (allowColumnDefaults), else NULL.
+            return (_column_default(f), True)
+        if key in assigned:
+            return (self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True)
+        return None
+
+    def _stored_columns(
+        self, values: list[tuple[str, bool]], types: list[DataType], out_fields: list[StructField], where: str
+    ) -> list[Column]:
+        """Each value as its column's type stores it."""
+        columns = []
+        for f, (text, check), vtype in zip(out_fields, values, types, strict=True):
+            # A kept target value (unchecked) misses only the fields schema evolution added.
+            columns.append(
+                F.expr(
+                    self._stored(
+                        text,
+                        vtype,
+                        f.dataType,
+                        where,
+                        f"column {f.name}",
+                        allow_missing=self.spec.schema_evolution or not check,
+                        check=check,
                     )
                 )
-        return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
+            )
+        return columns
 
     def _generated_sql(
         self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]], where: str
@@ -495,51 +336,6 @@ class Resolver:
             return node
 
         return sql(parse_expression(expression, where).transform(visit))
-
-    def _assignments(
-        self, action: UpdateAction | InsertAction, where: str, out_fields: list[StructField]
-    ) -> dict[str, Any]:
-        """The assigned value of each column (lower-case name): its SQL, or for assignments to fields inside a
-        struct column, the tree of assigned fields (nested dicts by lower-case field name, SQL at the leaves)."""
-        fields = {f.name.lower(): f for f in out_fields}
-        items = action.set if isinstance(action, UpdateAction) else action.values
-        field_name = "set" if isinstance(action, UpdateAction) else "values"
-        result: dict[str, Any] = {}
-        for column, value in items.items():
-            path = column_path(column, self.t, fields, where=f"{where}.{field_name}.{column}")
-            shown = quote_path(path)
-            if path[0] not in fields:
-                raise MergeResolutionError(
-                    f"{where}.{field_name}: {shown} is not a column of the target table "
-                    f"(columns: {', '.join(quote_identifier(f.name) for f in out_fields)})."
-                )
-            if len(path) == 1:
-                if path[0] in result:
-                    raise MergeResolutionError(f"{where}.{field_name}: the column {shown} is assigned twice.")
-                result[path[0]] = value
-                continue
-            if isinstance(action, InsertAction):
-                raise MergeResolutionError(
-                    f"{where}.{field_name}: Nested field is not supported in the INSERT clause of MERGE operation "
-                    f"(field = {shown})."
-                )
-            node = result.setdefault(path[0], {})
-            dtype = fields[path[0]].dataType
-            for depth, part in enumerate(path[1:], start=1):
-                names = {f.name.lower(): f for f in dtype.fields} if isinstance(dtype, StructType) else {}
-                if not isinstance(node, dict) or part not in names:
-                    raise MergeResolutionError(
-                        f"{where}.{field_name}: {shown}: {quote_path(path[:depth])} ({dtype.simpleString()}) has no "
-                        f"field {quote_identifier(part)} to assign, or it is assigned twice."
-                    )
-                dtype = names[part].dataType
-                if depth == len(path) - 1:
-                    if part in node:
-                        raise MergeResolutionError(f"{where}.{field_name}: {shown} is assigned twice.")
-                    node[part] = value
-                else:
-                    node = node.setdefault(part, {})
-        return result
 
     def _stored(
         self,
@@ -561,7 +357,8 @@ class Resolver:
         if check and not can_ansi_cast(vtype, target):
             raise MergeResolutionError(
                 f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}): "
-                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment."
+                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
+                field=where,
             )
         return f"CAST(({text}) AS {sql_type(target)})"
 

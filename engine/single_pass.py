@@ -12,10 +12,11 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
-from engine.expressions import KeyedOn, quote_identifier
+from engine.expressions import quote_identifier
 from engine.join_keys import one_integer_key, qualified_column
 from engine.joins import broadcast_full_outer, holds_few_target_rows, source_fits_broadcast, unmatched_source_rows
 from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
+from engine.merge_condition import KeyedOn
 from engine.output import (
     ACTION_COL,
     CDC_TYPE_COL,

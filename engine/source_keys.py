@@ -26,8 +26,9 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.delta import INTEGRAL_TYPES, Snapshot
-from engine.expressions import Sides, conjuncts, equi_join_keys, parse_expression, quote_identifier
-from engine.source import rows_to_arrow
+from engine.expressions import quote_identifier
+from engine.inline_rows import rows_to_arrow
+from engine.merge_condition import MergeCondition, Sides
 from engine.spec import MergeSpec, RowsSource, TableSource
 
 MAX_PARTITION_VALUES_FOR_SKIPPING = 200
@@ -142,8 +143,9 @@ class SourceKeyRanges:
     """The source's key ranges for one merge: the skipping predicates they give, and the ranges themselves, by
     target column (lower case), for the single pass to estimate the matches per file."""
 
-    def __init__(self, spec: MergeSpec, source_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, spec: MergeSpec, on: MergeCondition, source_snapshot: Callable[[], Snapshot]) -> None:
         self.spec = spec
+        self.on = on
         self._source_snapshot = source_snapshot
         self.ranges: dict[str, tuple[Any, Any]] = {}
 
@@ -163,7 +165,7 @@ class SourceKeyRanges:
         ]
         if missing:
             _ranges_from_spark(source, source_types, keys, missing, partition_cols, ranges)
-        null_safe_columns = self._null_safe_columns()
+        null_safe_columns = self.on.null_safe_columns()
         predicates: list[exp.Expression] = []
         for (column, _), rng in zip(keys, ranges, strict=True):
             self.ranges[column.lower()] = (rng.low, rng.high)
@@ -178,23 +180,13 @@ class SourceKeyRanges:
         """(target column, source column) of each ON equality whose bounds compare in the target's type."""
         target_types = {f.name.lower(): f.dataType for f in snapshot.spark_schema.fields}
         keys = []
-        for column, source_expr in equi_join_keys(self.spec.on, sides):
+        for column, source_expr in self.on.equi_join_keys(sides):
             # Bounds are compared in the target column's type: only keys of the same kind of type are safe.
             if isinstance(source_expr, exp.Column) and _comparable(
                 source_types.get(str(source_expr.name).lower()), target_types.get(column.lower())
             ):
                 keys.append((column, str(source_expr.name)))
         return keys
-
-    def _null_safe_columns(self) -> set[str]:
-        """The columns of ON's ``<=>`` equalities (lower case): a NULL key matches there."""
-        null_safe_columns: set[str] = set()
-        for c in conjuncts(parse_expression(self.spec.on, "on")):
-            if isinstance(c, exp.NullSafeEQ):
-                null_safe_columns |= {
-                    str(side.name).lower() for side in (c.left, c.right) if isinstance(side, exp.Column)
-                }
-        return null_safe_columns
 
     def _range_from_source_stats(self, name: str, rng: _KeyRange, *, want_values: bool) -> bool:
         """Fill ``rng`` without a Spark job: inline rows are at hand, and a Delta source's log has per-file

@@ -15,15 +15,8 @@ from sqlglot.errors import ParseError
 
 from engine.delta import quote_identifier, quote_path
 from engine.errors import MergeSpecError
-from engine.expressions import (
-    DIALECT,
-    MAX_EXPRESSION_NESTING,
-    check_source_query,
-    nesting_depth,
-    spark_text,
-    sql,
-    visible_ctes,
-)
+from engine.expression_rules import check_source_query, spark_text, visible_ctes
+from engine.expressions import DIALECT, MAX_EXPRESSION_NESTING, nesting_depth, sql
 from engine.identifiers import InvalidIdentifierError, quote_merge_names
 from engine.spec import (
     Action,
@@ -47,16 +40,18 @@ expression is held to MAX_EXPRESSION_NESTING afterwards. Checked by a scan befor
 def _table_source(table: exp.Table, where: str) -> TableSource:
     for arg, what in (("version", "time travel (VERSION/TIMESTAMP AS OF)"), ("sample", "TABLESAMPLE")):
         if table.args.get(arg) is not None:
-            raise MergeSpecError(f"{where}: {what} is not supported; got {sql(table)!r}.")
+            raise MergeSpecError(f"{where}: {what} is not supported; got {sql(table)!r}.", field=where)
     if not isinstance(table.this, exp.Identifier):
         raise MergeSpecError(
             f"{where}: table-valued functions ({sql(table.this)}) are not allowed; read tables by path, as "
-            "delta.`/path`."
+            "delta.`/path`.",
+            field=where,
         )
     fmt = (table.db or "").lower()
     if fmt not in FORMATS or not table.name or table.catalog:
         raise MergeSpecError(
-            f"{where}: name tables by path, as delta.`/path` (or parquet., json., csv.); got {sql(table)!r}."
+            f"{where}: name tables by path, as delta.`/path` (or parquet., json., csv.); got {sql(table)!r}.",
+            field=where,
         )
     return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name)
 
@@ -93,7 +88,9 @@ def _source(using: exp.Expr) -> Source:
         _requalify(query, unaliased)
         check_source_query(query, relations.keys(), where)
         return QuerySource(query=spark_text(query, where), relations=relations)
-    raise MergeSpecError("USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.")
+    raise MergeSpecError(
+        "USING: expected delta.`/path`, a file format and path, or a parenthesised SELECT.", field="USING"
+    )
 
 
 _PLAIN_NAME = re.compile(r"\w+")
@@ -102,7 +99,7 @@ _PLAIN_NAME = re.compile(r"\w+")
 def _column_parts(column: exp.Expression, where: str) -> list[str]:
     """The name parts of a column an assignment or an INSERT column list names."""
     if not isinstance(column, exp.Column) or not all(isinstance(p, exp.Identifier) for p in column.parts):
-        raise MergeSpecError(f"{where}: expected a column name, got {sql(column)!r}.")
+        raise MergeSpecError(f"{where}: expected a column name, got {sql(column)!r}.", field=where)
     return [str(p.name) for p in column.parts]
 
 
@@ -117,10 +114,10 @@ def _assignments(pairs: list[exp.Expression], where: str) -> dict[str, str]:
     seen: set[tuple[str, ...]] = set()
     for pair in pairs:
         if not isinstance(pair, exp.EQ) or not isinstance(pair.left, exp.Column):
-            raise MergeSpecError(f"{where}: expected column = expression, got {sql(pair)!r}.")
+            raise MergeSpecError(f"{where}: expected column = expression, got {sql(pair)!r}.", field=where)
         parts = _column_parts(pair.left, where)
         if tuple(p.lower() for p in parts) in seen:
-            raise MergeSpecError(f"{where}: the column {quote_path(parts)} is assigned twice.")
+            raise MergeSpecError(f"{where}: the column {quote_path(parts)} is assigned twice.", field=where)
         seen.add(tuple(p.lower() for p in parts))
         result[_column_key(parts)] = sql(pair.right)
     return result
@@ -131,7 +128,9 @@ def _star(node: exp.Expr, where: str) -> bool:
     if not isinstance(node, exp.Star):
         return False
     if any(node.args.get(k) for k in ("except_", "except", "replace", "rename", "ilike")):
-        raise MergeSpecError(f"{where}: {sql(node)!r} is not supported; list the columns to assign instead.")
+        raise MergeSpecError(
+            f"{where}: {sql(node)!r} is not supported; list the columns to assign instead.", field=where
+        )
     return True
 
 
@@ -150,12 +149,12 @@ def _action(when: exp.When, where: str) -> Action:
         columns = then.this.expressions if isinstance(then.this, exp.Tuple) else []
         values = then.expression.expressions if isinstance(then.expression, exp.Tuple) else []
         if not columns or len(columns) != len(values):
-            raise MergeSpecError(f"{where}: INSERT needs a column list and as many VALUES.")
+            raise MergeSpecError(f"{where}: INSERT needs a column list and as many VALUES.", field=where)
         names = [_column_key(_column_parts(c, where)) for c in columns]
         if len({n.lower() for n in names}) != len(names):
-            raise MergeSpecError(f"{where}: a column appears twice in the INSERT column list.")
+            raise MergeSpecError(f"{where}: a column appears twice in the INSERT column list.", field=where)
         return InsertAction(values=dict(zip(names, (sql(v) for v in values), strict=True)))
-    raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.")
+    raise MergeSpecError(f"{where}: unsupported action {sql(then) if then else 'none'!r}.", field=where)
 
 
 def _qualifiers(table: exp.Expr, alias: str) -> dict[tuple[str, ...], str]:
@@ -189,35 +188,17 @@ def parse_merge_sql(text: str) -> MergeSpec:
     """The spec of one MERGE INTO statement; anything else is a MergeSpecError naming what is wrong.
     ``MERGE WITH SCHEMA EVOLUTION INTO`` (Spark 4 and Delta's syntax) is the merge with schema evolution."""
     text, evolution = _WITH_SCHEMA_EVOLUTION.subn(r"\1\2", text, count=1)
-    nesting = nesting_depth(text)
-    if nesting > MAX_STATEMENT_NESTING:
-        raise MergeSpecError(
-            f"sql: parentheses or brackets nest {nesting} levels deep; at most {MAX_STATEMENT_NESTING} are accepted."
-        )
-    try:
-        text = quote_merge_names(text)
-    except InvalidIdentifierError as exc:
-        raise MergeSpecError(f"sql: {exc}") from None
-    try:
-        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
-    except ParseError as exc:
-        detail = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}") from None
-    except Exception as exc:
-        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {type(exc).__name__}: {exc}") from None
-    if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
-        raise MergeSpecError("sql: expected exactly one MERGE INTO statement.")
-    merge = statements[0]
+    merge = _merge_statement(text)
     target = merge.this
     if not isinstance(target, exp.Table):
-        raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.")
+        raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.", field="sql")
     target_source = _table_source(target, "MERGE INTO")
     if target_source.format != "delta":
-        raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.")
+        raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.", field="sql")
     using = merge.args.get("using")
     on = merge.args.get("on")
     if using is None or not isinstance(on, exp.Expression):
-        raise MergeSpecError("sql: MERGE needs USING and ON.")
+        raise MergeSpecError("sql: MERGE needs USING and ON.", field="sql")
     target_alias, source_alias = _alias(target, "target"), _alias(using, "source")
     source_names, target_names = _qualifiers(using, source_alias), _qualifiers(target, target_alias)
     # A table merged into itself without aliases leaves its name ambiguous, as Spark finds it.
@@ -228,6 +209,48 @@ def parse_merge_sql(text: str) -> MergeSpec:
     for node in (on, whens):
         if node is not None:
             _requalify(node, qualifiers)
+    groups = _clauses(whens)
+    return MergeSpec(
+        target=target_source.path,
+        source=_source(using),
+        on=sql(on),
+        matched=tuple(groups["matched"]),
+        not_matched=tuple(groups["notMatched"]),
+        not_matched_by_source=tuple(groups["notMatchedBySource"]),
+        target_alias=target_alias,
+        source_alias=source_alias,
+        schema_evolution=bool(evolution),
+    )
+
+
+def _merge_statement(text: str) -> exp.Merge:
+    """The one MERGE statement of ``text``, parsed once its nesting is known to be bounded."""
+    nesting = nesting_depth(text)
+    if nesting > MAX_STATEMENT_NESTING:
+        raise MergeSpecError(
+            f"sql: parentheses or brackets nest {nesting} levels deep; at most {MAX_STATEMENT_NESTING} are accepted.",
+            field="sql",
+        )
+    try:
+        text = quote_merge_names(text)
+    except InvalidIdentifierError as exc:
+        raise MergeSpecError(f"sql: {exc}", field="sql") from None
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+    except ParseError as exc:
+        detail = exc.errors[0]["description"] if exc.errors else str(exc)
+        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}", field="sql") from None
+    except Exception as exc:
+        raise MergeSpecError(
+            f"sql: cannot parse the MERGE statement: {type(exc).__name__}: {exc}", field="sql"
+        ) from None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
+        raise MergeSpecError("sql: expected exactly one MERGE INTO statement.", field="sql")
+    return statements[0]
+
+
+def _clauses(whens: exp.Expr | None) -> dict[str, list[MergeClause]]:
+    """The WHEN clauses by Delta's clause type, in their order."""
     groups: dict[str, list[MergeClause]] = {"matched": [], "notMatched": [], "notMatchedBySource": []}
     for when in whens.expressions if whens is not None else []:
         if when.args.get("matched"):
@@ -245,14 +268,4 @@ def parse_merge_sql(text: str) -> MergeSpec:
                 condition=sql(condition) if condition is not None else None,
             )
         )
-    return MergeSpec(
-        target=target_source.path,
-        source=_source(using),
-        on=sql(on),
-        matched=tuple(groups["matched"]),
-        not_matched=tuple(groups["notMatched"]),
-        not_matched_by_source=tuple(groups["notMatchedBySource"]),
-        target_alias=target_alias,
-        source_alias=source_alias,
-        schema_evolution=bool(evolution),
-    )
+    return groups

@@ -107,7 +107,7 @@ def _workers(settings: Settings, manager: JobManager, metrics: ServiceMetrics, c
 def _stop(workers: list[Any], settings: Settings) -> None:
     """Stop within the lease: running attempts get part of it to finish, then are interrupted before their
     commit and handed back to the queue; then the Spark session closes and the embedded server stops."""
-    from engine.spark import stop_embedded
+    from engine.spark_server import stop_embedded
     from service.worker import stop_workers
 
     lease = settings.lease_seconds

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from engine.source import MAX_NESTING
+from engine.inline_rows import MAX_NESTING
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 Assignments = Annotated[dict[str, NonEmpty], Field(min_length=1)]

@@ -5,7 +5,6 @@ each failure a 422 that names the field at fault. The worker rebuilds the spec f
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -33,7 +32,6 @@ from service.schemas import (
 
 T = TypeVar("T")
 _REQUEST = TypeAdapter(MergeRequest)
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\[\d+\])*(?:\.[^\s:]+)*):\s")
 GROUPS: tuple[tuple[str, Literal["matched", "notMatched", "notMatchedBySource"], str], ...] = (
     ("when_matched", "matched", "MATCHED"),
     ("when_not_matched", "notMatched", "NOT MATCHED"),
@@ -57,12 +55,6 @@ def parse_request(stored: dict[str, Any]) -> StructuredMergeIn | SqlMergeIn:
     return _REQUEST.validate_python(stored)
 
 
-def field_of(message: str, default: str, prefix: str = "") -> str:
-    """The field an engine message names in its ``field: ...`` prefix (the engine's convention)."""
-    match = _FIELD_PREFIX.match(message)
-    return prefix + match.group(1) if match else default
-
-
 def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> BuiltMerge:
     if isinstance(body, SqlMergeIn):
         spec, target = _guard(body, lambda: _from_sql(body, roots))
@@ -79,7 +71,7 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
             field = "sql"
             message = message if message.startswith("sql") else f"sql: {message}"
         else:
-            field = field_of(message, "body")
+            field = exc.field or "body"
         raise RequestValidationProblem(field, message, title=exc.title) from exc
     _check_rows(spec)
     spec = dataclasses.replace(spec, lake_roots=tuple(str(r) for r in roots.roots))
@@ -313,13 +305,12 @@ def _check_rows(spec: Any) -> None:
         engine.rows_to_arrow(source.rows, source.schema)
     except engine_errors.SourceRowError as exc:
         field = f"source.rows[{exc.row}]" + (f".{exc.column}" if exc.column else "")
-        raise RequestValidationProblem(field, _in_source(str(exc)), title=exc.title) from exc
+        raise RequestValidationProblem(field, _in_source(exc), title=exc.title) from exc
     except engine_errors.SourceError as exc:
-        raise RequestValidationProblem(
-            field_of(str(exc), "source", prefix="source."), _in_source(str(exc)), title=exc.title
-        ) from exc
+        field = f"source.{exc.field}" if exc.field else "source"
+        raise RequestValidationProblem(field, _in_source(exc), title=exc.title) from exc
 
 
-def _in_source(message: str) -> str:
+def _in_source(exc: engine_errors.SourceError) -> str:
     """The engine names ``rows[1].id`` or ``schema``; in the request body they live under ``source``."""
-    return "source." + message if _FIELD_PREFIX.match(message) else message
+    return f"source.{exc}" if exc.field else str(exc)

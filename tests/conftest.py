@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.spark import SparkProcess, configure_session, start_connect_server, start_standalone_cluster
+from engine.spark import configure_session
+from engine.spark_server import SparkProcess, start_connect_server, start_standalone_cluster
 
 
 @pytest.fixture(scope="session")

@@ -192,36 +192,67 @@ def _scan_stored(
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
     if not unique:
-        empty = spark.createDataFrame([], scan_schema(snapshot))
-        if file_columns == "path":
-            return empty.select(
-                *[F.col(quote_identifier(f.name)) for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
-            )
-        if file_columns == "none":
-            return empty.select(*[F.col(quote_identifier(f.name)) for f in schema.fields])
-        return empty
+        return _scan_nothing(spark, snapshot, file_columns)
     if not partition_fields:
-        local = [snapshot.file_path(add) for add in unique]
-        plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
-        if file_columns == "none":
+        plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns)
+        if plain is not None:
             return plain
-        if file_columns == "path":
-            return plain.select(
-                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
-                F.col("_metadata.file_path").alias(FILE_PATH_COL),
-            )
-        prefix = "file:" + snapshot.root.rstrip("/") + "/"
-        if all(
-            _PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)
-        ):
-            # Every log path is the file's plain path under the root, which Spark reports verbatim after
-            # ``file:``: the log path is a substring, with no per-row lookup.
-            return plain.select(
-                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
-                F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
-                F.col("_metadata.row_index").alias(ROW_INDEX_COL),
-            )
+    return _scan_by_mapped_paths(spark, snapshot, unique, partition_fields, data_schema, file_columns)
 
+
+def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileColumns) -> DataFrame:
+    schema = snapshot.spark_schema
+    empty = spark.createDataFrame([], scan_schema(snapshot))
+    if file_columns == "path":
+        return empty.select(
+            *[F.col(quote_identifier(f.name)) for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
+        )
+    if file_columns == "none":
+        return empty.select(*[F.col(quote_identifier(f.name)) for f in schema.fields])
+    return empty
+
+
+def _scan_by_plain_paths(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    unique: Sequence[AddFile],
+    data_schema: T.StructType,
+    file_columns: FileColumns,
+) -> DataFrame | None:
+    """An unpartitioned table's files read with no lookup of their log paths; None when a log path must be
+    looked up per file."""
+    local = [snapshot.file_path(add) for add in unique]
+    plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
+    if file_columns == "none":
+        return plain
+    if file_columns == "path":
+        return plain.select(
+            *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+            F.col("_metadata.file_path").alias(FILE_PATH_COL),
+        )
+    prefix = "file:" + snapshot.root.rstrip("/") + "/"
+    if all(_PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)):
+        # Every log path is the file's plain path under the root, which Spark reports verbatim after
+        # ``file:``: the log path is a substring, with no per-row lookup.
+        return plain.select(
+            *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+            F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
+            F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+        )
+    return None
+
+
+def _scan_by_mapped_paths(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    unique: Sequence[AddFile],
+    partition_fields: list[T.StructField],
+    data_schema: T.StructType,
+    file_columns: FileColumns,
+) -> DataFrame:
+    """The files' rows joined with a broadcast mapping from each file's path to its log path and partition
+    values."""
+    schema = snapshot.spark_schema
     mapping_rows = []
     for add in unique:
         values = {k.lower(): v for k, v in add.partition_values.items()}

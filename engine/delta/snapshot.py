@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,6 +29,9 @@ from engine.delta.values import (
     to_arrow_schema,
 )
 from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatureError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 _CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
@@ -109,29 +112,8 @@ def load_snapshot(
 ) -> Snapshot:
     """Read the table at ``version`` (latest when None). TableNotFoundError if there is no Delta table there.
     Its files are read only from its own directory and ``lake_roots``."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import DeltaError as RsDeltaError
-    from deltalake.exceptions import DeltaProtocolError
-    from deltalake.exceptions import TableNotFoundError as RsTableNotFoundError
-
     table_uri, root = normalize_table(table)
-    if any(c in root for c in _UNREADABLE_ROOT_CHARS):
-        raise DeltaError(
-            f"Table root {root!r} contains one of {' '.join(_UNREADABLE_ROOT_CHARS)}, which deltalake cannot open"
-        )
-    if not os.path.isdir(os.path.join(root, "_delta_log")):
-        raise TableNotFoundError(f"No Delta table at {root} (no _delta_log folder)")
-    try:
-        dt = DeltaTable(root, version=version)
-    except RsTableNotFoundError as exc:
-        raise TableNotFoundError(f"No Delta table at {root}: {exc}") from exc
-    except DeltaProtocolError as exc:
-        raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
-    except RsDeltaError as exc:
-        if version is not None and "version" in str(exc).lower():
-            raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
-        raise DeltaError(f"Cannot read table {root}: {exc}") from exc
-
+    dt = _open_table(root, version)
     protocol_rs = dt.protocol()
     protocol = Protocol(
         min_reader_version=int(protocol_rs.min_reader_version),
@@ -167,6 +149,31 @@ def load_snapshot(
         _table=dt,
         lake_roots=tuple(lake_roots),
     )
+
+
+def _open_table(root: str, version: int | None) -> DeltaTable:
+    """delta-rs's table at ``root``, its errors told apart as the engine's."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError as RsDeltaError
+    from deltalake.exceptions import DeltaProtocolError
+    from deltalake.exceptions import TableNotFoundError as RsTableNotFoundError
+
+    if any(c in root for c in _UNREADABLE_ROOT_CHARS):
+        raise DeltaError(
+            f"Table root {root!r} contains one of {' '.join(_UNREADABLE_ROOT_CHARS)}, which deltalake cannot open"
+        )
+    if not os.path.isdir(os.path.join(root, "_delta_log")):
+        raise TableNotFoundError(f"No Delta table at {root} (no _delta_log folder)")
+    try:
+        return DeltaTable(root, version=version)
+    except RsTableNotFoundError as exc:
+        raise TableNotFoundError(f"No Delta table at {root}: {exc}") from exc
+    except DeltaProtocolError as exc:
+        raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
+    except RsDeltaError as exc:
+        if version is not None and "version" in str(exc).lower():
+            raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
+        raise DeltaError(f"Cannot read table {root}: {exc}") from exc
 
 
 def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:

@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from fastapi.testclient import TestClient
 
-from engine.spark import free_port
+from engine.spark_server import free_port
 from service.app import create_app
 from service.jobs import JobRecord, Status
 from service.manager import JobManager

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.spark import free_port
+from engine.spark_server import free_port
 
 BIN = Path(sys.executable).parent
 

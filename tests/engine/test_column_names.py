@@ -25,7 +25,7 @@ from engine import (
 )
 from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
 from engine.errors import MergeResolutionError, MergeSpecError
-from engine.expressions import column_path, validate_spec
+from engine.validation import column_path, validate_spec
 from tests.engine.harness import rows, write_table
 
 NAMES = ["comment", "desc", "select", "from", "case", "null", "a`b"]

@@ -17,7 +17,17 @@ def _loaded_after(statement: str) -> set[str]:
     return set(json.loads(out))
 
 
-@pytest.mark.parametrize("statement", ["import engine", "import engine.delta", "from engine import MergeSpec"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import engine",
+        "import engine.delta",
+        "from engine import MergeSpec",
+        "from engine import validate_spec",
+        "from engine import parse_merge_sql",
+        "from engine import rows_to_arrow",  # the service checks inline rows at submission
+    ],
+)
 def test_facades_import_without_pyspark(statement: str) -> None:
     loaded = _loaded_after(statement)
     assert "pyspark" not in loaded

@@ -18,11 +18,11 @@ from engine.expressions import (
     MAX_EXPRESSION_DEPTH,
     MAX_EXPRESSION_NESTING,
     MAX_EXPRESSION_NODES,
-    conjuncts,
     nesting_depth,
     parse_expression,
 )
-from engine.source import MAX_NESTING, parse_schema
+from engine.inline_rows import MAX_NESTING, ddl_to_arrow
+from engine.merge_condition import conjuncts
 
 
 def nested_parens(levels: int) -> str:
@@ -94,11 +94,11 @@ def test_error_messages_do_not_echo_huge_inputs() -> None:
 )
 def test_decimal_bounds_are_spark_s(ddl: str, reason: str) -> None:
     with pytest.raises(SourceError, match=f"^schema: DECIMAL.* of column 'amount': {reason}"):
-        parse_schema(ddl)
+        ddl_to_arrow(ddl)
 
 
 def test_decimals_at_the_bounds() -> None:
-    assert parse_schema("a DECIMAL(38,38), b DECIMAL(1,0), c DECIMAL(38)").types == [
+    assert ddl_to_arrow("a DECIMAL(38,38), b DECIMAL(1,0), c DECIMAL(38)").types == [
         pa.decimal128(38, 38),
         pa.decimal128(1, 0),
         pa.decimal128(38, 0),
@@ -130,11 +130,11 @@ def test_row_types_nest_at_most_the_bound() -> None:
     def array_of(levels: int) -> str:
         return "ARRAY<" * levels + "INT" + ">" * levels
 
-    assert parse_schema(f"x {array_of(MAX_NESTING)}").field("x").type is not None
+    assert ddl_to_arrow(f"x {array_of(MAX_NESTING)}").field("x").type is not None
     with pytest.raises(SourceError, match=f"^schema: the type of column 'x' nests more than {MAX_NESTING} levels"):
-        parse_schema(f"x {array_of(MAX_NESTING + 1)}")
+        ddl_to_arrow(f"x {array_of(MAX_NESTING + 1)}")
     with pytest.raises(SourceError, match=f"^schema: .* nests more than {MAX_NESTING} levels deep"):
-        parse_schema(f"x {array_of(5000)}")
+        ddl_to_arrow(f"x {array_of(5000)}")
 
 
 @pytest.mark.parametrize(

@@ -16,15 +16,15 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
-from engine import RowsSource, TableSource, expressions, parse_merge_sql, run_merge
+from engine import RowsSource, TableSource, expression_rules, parse_merge_sql, run_merge
 from engine.delta.deletion_vectors import DeletionVectorDescriptor
 from engine.delta.snapshot import load_snapshot
 from engine.errors import DeltaError, MergeServiceEngineError, MergeSpecError, SourceError
-from engine.expressions import validate_spec
 from engine.functions import ALLOWED_FUNCTIONS, REFUSED_FUNCTIONS
 from engine.source import read_table_source
 from engine.spark import SESSION_CONF
 from engine.spec import QuerySource
+from engine.validation import validate_spec
 from tests.engine.harness import clause, make_spec, rows
 
 SECRET_NAME = "PATH"
@@ -171,7 +171,7 @@ def test_what_spark_runs_is_the_checked_text(tmp_path: Path) -> None:
 )
 def test_the_text_check_reads_as_spark_reads(text: str, why: str) -> None:
     with pytest.raises(MergeSpecError, match="not allowed") as info:
-        expressions.check_spark_text(text, "sql")
+        expression_rules.check_spark_text(text, "sql")
     assert why in str(info.value)
 
 

@@ -11,7 +11,8 @@ from pyspark.sql import SparkSession
 
 from engine.command import translate_spark_error
 from engine.errors import SparkUnavailableError, grpc_status, spark_error_message
-from engine.spark import ConnectRetry, connect, free_port, spark_environment
+from engine.spark import ConnectRetry, connect
+from engine.spark_server import free_port, spark_environment
 
 
 def dead_address() -> str:

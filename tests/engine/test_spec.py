@@ -15,7 +15,8 @@ from engine import (
     validate_spec,
 )
 from engine.errors import MergeResolutionError, MergeSpecError
-from engine.expressions import KeyEquality, Sides, keyed_on, sql
+from engine.expressions import parse_expression, sql
+from engine.merge_condition import KeyedOn, KeyEquality, MergeCondition, Sides
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
@@ -169,6 +170,10 @@ def test_every_parse_failure_is_a_spec_error(text: str) -> None:
 
 
 SIDES = Sides("t", "s", frozenset({"id", "day", "v"}), frozenset({"id", "day", "n"}))
+
+
+def keyed_on(on: str, sides: Sides) -> KeyedOn | None:
+    return MergeCondition.of(parse_expression(on, "on")).keyed_on(sides)
 
 
 def test_keyed_on_splits_keys_and_one_sided_conjuncts() -> None:
@@ -335,3 +340,31 @@ def test_a_source_query_may_qualify_columns_by_its_tables_names() -> None:
     assert spec.source.query == (
         "SELECT `/lake/a`.id, `/lake/a`.v FROM __merge_source_0 AS `/lake/a` WHERE `/lake/a`.v > 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"on": "t.id = s.id AND rand() > 0.5", "matched": (matched(DeleteAction()),)}, "on"),
+        ({"matched": (matched(DeleteAction(), "t.id IN (SELECT 1)"),)}, "when_matched[0].condition"),
+        ({"matched": (matched(UpdateAction(set={"v": "upper("})),)}, "when_matched[0].set.v"),
+        ({"matched": (matched(UpdateAction(set={"v": "s.v", "t.v": "s.v"})),)}, "when_matched[0].set"),
+        (
+            {"not_matched": (MergeClause("notMatched", InsertAction(values={"id": "t.id"})),)},
+            "when_not_matched[0].values.id",
+        ),
+        ({"matched": (matched(DeleteAction()),), "source": QuerySource(query="SELECT * FROM other")}, "source.query"),
+    ],
+)
+def test_a_spec_error_carries_the_field_its_message_names(kwargs: dict[str, object], field: str) -> None:
+    """Callers read the field at fault from the error, never out of its message."""
+    with pytest.raises(MergeSpecError) as info:
+        validate_spec(spec(**kwargs))
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+
+
+def test_a_sql_error_carries_the_sql_field() -> None:
+    with pytest.raises(MergeSpecError) as info:
+        parse_merge_sql("SELECT 1")
+    assert info.value.field == "sql"

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.spark import SERVER_CONF, SparkProcess, _spawn, free_port
+from engine.spark_server import SERVER_CONF, SparkProcess, _spawn, free_port
 
 SPARK_VERSION = "4.2.0"
 DELTA_VERSION = "4.4.0"

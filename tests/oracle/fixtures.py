@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.spark import SparkProcess, configure_session
+from engine.spark import configure_session
+from engine.spark_server import SparkProcess
 from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_delta_connect_server
 
 

@@ -1,6 +1,6 @@
 """Input limits at submission: every oversized or malformed input is a 422 problem naming the field at fault
 (never a 500, a reset connection or a job that fails later), and nothing is queued. The limits themselves are
-in engine.source (row and type nesting, DECIMAL bounds, inferred integers) and engine.expressions (expression
+in engine.inline_rows (row and type nesting, DECIMAL bounds, inferred integers) and engine.expressions (expression
 size); the body is read as strict JSON."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.source import MAX_NESTING
+from engine.inline_rows import MAX_NESTING
 from service.app import create_app
 from service.manager import JobManager
 from service.settings import Settings

@@ -31,13 +31,19 @@ def checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     that has checked nothing yet."""
     seen: list[str] = []
     real = engine.validate_spec
+    real_parse = engine.command.parse_merge
 
     def counting(spec: Any) -> Any:
         seen.append(spec.on)
         return real(spec)
 
+    def parsing(spec: Any, *, checked: bool = False) -> Any:
+        if not checked:
+            seen.append(spec.on)
+        return real_parse(spec, checked=checked)
+
     monkeypatch.setattr(specs.engine, "validate_spec", counting)
-    monkeypatch.setattr(engine.command, "validate_spec", counting)
+    monkeypatch.setattr(engine.command, "parse_merge", parsing)
     monkeypatch.setattr(specs, "VALID_EXPRESSIONS", ValidExpressions())
     return seen
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.spark import SparkProcess, free_port, start_connect_server
+from engine.spark_server import SparkProcess, free_port, start_connect_server
 
 BIN = Path(sys.executable).parent
 TOKEN = "s3cret-token-for-the-fault-tests"

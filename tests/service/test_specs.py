@@ -12,6 +12,7 @@ import pytest
 import engine
 import engine.errors as engine_errors
 from service import specs
+from service.errors import RequestValidationProblem
 from service.specs import ValidExpressions
 
 
@@ -122,3 +123,48 @@ def test_source_options_take_json_scalars_as_spark_strings(tmp_path: Any) -> Non
                 "source": {"format": "csv", "path": str(tmp_path / "s.csv"), "options": {"header": ["no"]}},
             }
         )
+
+
+@pytest.mark.parametrize("column", ["amount", "my col", "x:y", "`a.b`"])
+def test_a_refused_value_names_its_column_whole(tmp_path: Any, column: str) -> None:
+    """The field at fault is the one the engine's error carries, whatever characters the column's name holds."""
+    from service.paths import LakeRoots
+
+    body = specs.parse_request(
+        {
+            "target": str(tmp_path / "t"),
+            "source": {"rows": [{"id": 1}]},
+            "on": "t.id = s.id",
+            "when_matched": [{"action": "update", "set": {column: "upper("}}],
+        }
+    )
+    with pytest.raises(RequestValidationProblem) as info:
+        specs.build_merge(body, LakeRoots([tmp_path]))
+    assert info.value.field == f"when_matched[0].set.{column}"
+    assert info.value.message.startswith(f"when_matched[0].set.{column}: cannot parse 'upper('")
+
+
+@pytest.mark.parametrize(
+    ("rows", "schema", "field"),
+    [
+        ([{"id": 1}], "id DECIMAL(1,2,3)", "source.schema"),
+        ([{"id": "x"}], "id BIGINT", "source.rows[0].id"),
+        ([], None, "source.rows"),
+    ],
+)
+def test_a_refused_source_names_its_field(tmp_path: Any, rows: list[Any], schema: str | None, field: str) -> None:
+    from service.paths import LakeRoots
+
+    source: dict[str, Any] = {"rows": rows} if schema is None else {"rows": rows, "schema": schema}
+    body = specs.parse_request(
+        {
+            "target": str(tmp_path / "t"),
+            "source": source,
+            "on": "t.id = s.id",
+            "when_not_matched": [{"action": "insert_all"}],
+        }
+    )
+    with pytest.raises(RequestValidationProblem) as info:
+        specs.build_merge(body, LakeRoots([tmp_path]))
+    assert info.value.field == field
+    assert info.value.message.startswith(f"{field}: ")

@@ -1,0 +1,80 @@
+"""Delta's schema evolution in MERGE (``autoMerge``): with UPDATE SET * or INSERT *, the source's columns the
+target lacks are added, and struct columns gain the fields the source's structs add, at any depth; a type that
+cannot be stored into the existing column is a schema mismatch."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import ArrayType, DataType, StructField, StructType
+
+from engine.errors import MergeResolutionError, SchemaMismatchError
+from engine.expressions import quote_identifier
+from engine.spec import InsertAction, MergeSpec, UpdateAction
+from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, struct_by_name
+
+
+def evolved_schema(
+    spec: MergeSpec, target_schema: StructType, source_schema: StructType
+) -> tuple[list[StructField], list[str], dict[str, str]]:
+    """The table schema after the merge, its new top-level columns, and the target's value of each column
+    whose struct type gained fields (SQL, by lower-case name)."""
+    fields = list(target_schema.fields)
+    if not spec.schema_evolution:
+        return fields, [], {}
+    stars = [c for c in spec.clauses if isinstance(c.action, (UpdateAction, InsertAction)) and c.action.star]
+    if not stars:
+        return fields, [], {}
+    position = {f.name.lower(): i for i, f in enumerate(fields)}
+    new: list[str] = []
+    target_values: dict[str, str] = {}
+    for f in source_schema.fields:
+        index = position.get(f.name.lower())
+        if index is None:
+            fields.append(StructField(f.name, f.dataType, True))
+            new.append(f.name)
+            continue
+        existing = fields[index]
+        merged = evolved_type(existing.dataType, f.dataType)
+        if merged is not None:
+            fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)
+            column = f"{quote_identifier(spec.target_alias)}.{quote_identifier(existing.name)}"
+            target_values[existing.name.lower()] = struct_by_name(
+                column, existing.dataType, merged, allow_missing=True, where=f"column {existing.name}"
+            )
+        target_type = fields[index].dataType
+        if needs_struct_by_name(f.dataType, target_type):
+            try:
+                struct_by_name(
+                    quote_identifier(f.name),
+                    f.dataType,
+                    target_type,
+                    allow_missing=True,
+                    where=f"column {existing.name}",
+                )
+            except MergeResolutionError as exc:
+                raise SchemaMismatchError(f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}") from None
+        elif target_type != f.dataType and not can_ansi_store_assign(f.dataType, target_type):
+            raise SchemaMismatchError(
+                f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
+                f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
+            )
+    return fields, new, target_values
+
+
+def evolved_type(existing: DataType, source: DataType) -> DataType | None:
+    """``existing`` with the fields the source's structs add appended, at any depth (Delta's schema evolution of
+    nested fields); None when the source adds none."""
+    if isinstance(existing, StructType) and isinstance(source, StructType):
+        by_name = {f.name.lower(): f for f in source.fields}
+        fields, changed = [], False
+        for f in existing.fields:
+            sf = by_name.get(f.name.lower())
+            merged = evolved_type(f.dataType, sf.dataType) if sf is not None else None
+            fields.append(f if merged is None else StructField(f.name, merged, f.nullable, f.metadata))
+            changed = changed or merged is not None
+        known = {f.name.lower() for f in existing.fields}
+        added = [StructField(f.name, f.dataType, True) for f in source.fields if f.name.lower() not in known]
+        return StructType(fields + added) if changed or added else None
+    if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
+        element = evolved_type(existing.elementType, source.elementType)
+        return None if element is None else ArrayType(element, existing.containsNull)
+    return None

@@ -1,0 +1,161 @@
+"""Storing a value of one type into a column of another, as Delta's MERGE does under Spark's ANSI store
+assignment policy: which casts are allowed, and structs paired by field name."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    MapType,
+    NullType,
+    NumericType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from engine.errors import MergeResolutionError
+from engine.expressions import quote_identifier
+
+
+def can_ansi_cast(source: DataType, target: DataType) -> bool:
+    """Spark's ``Cast.canAnsiCast``: the casts Delta's MERGE puts on assigned values under the ANSI store
+    assignment policy (UpdateExpressionsSupport.castIfNeeded builds an ANSI ``Cast``, so ``'42'`` goes into an
+    INT column and ``'x'`` fails the merge when the row is written). Nullability is left to the NOT NULL checks
+    of the write."""
+    if source == target or isinstance(source, NullType) or isinstance(target, StringType):
+        return True
+    numeric = isinstance(source, NumericType)
+    text = isinstance(source, StringType)
+    if isinstance(target, BinaryType):
+        return text
+    if isinstance(target, BooleanType):
+        return text or numeric
+    if isinstance(target, TimestampType):
+        return text or numeric or isinstance(source, (DateType, TimestampNTZType))
+    if isinstance(target, TimestampNTZType):
+        return text or isinstance(source, (DateType, TimestampType))
+    if isinstance(target, DateType):
+        return text or isinstance(source, (TimestampType, TimestampNTZType))
+    if isinstance(target, NumericType):
+        return text or numeric or isinstance(source, (BooleanType, TimestampType))
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return can_ansi_cast(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return can_ansi_cast(source.keyType, target.keyType) and can_ansi_cast(source.valueType, target.valueType)
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        return len(source.fields) == len(target.fields) and all(
+            can_ansi_cast(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
+        )
+    return False
+
+
+def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
+    """Spark's ``Cast.canANSIStoreAssign``: the type changes schema evolution accepts for an existing column
+    (a stricter rule than the casts of assigned values)."""
+    if source == target or isinstance(source, NullType):
+        return True
+    if isinstance(source, NumericType) and isinstance(target, NumericType):
+        return True
+    if isinstance(target, StringType) and not isinstance(source, (ArrayType, MapType, StructType)):
+        return True
+    if isinstance(source, (DateType, TimestampType, TimestampNTZType)) and isinstance(
+        target, (DateType, TimestampType, TimestampNTZType)
+    ):
+        return True
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return can_ansi_store_assign(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return can_ansi_store_assign(source.keyType, target.keyType) and can_ansi_store_assign(
+            source.valueType, target.valueType
+        )
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        return len(source.fields) == len(target.fields) and all(
+            can_ansi_store_assign(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
+        )
+    return False
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_type(dtype: DataType) -> str:
+    """A type as CAST reads it, field names quoted (``simpleString`` leaves them bare)."""
+    if isinstance(dtype, StructType):
+        return "struct<" + ",".join(f"{quote_identifier(f.name)}:{sql_type(f.dataType)}" for f in dtype.fields) + ">"
+    if isinstance(dtype, ArrayType):
+        return f"array<{sql_type(dtype.elementType)}>"
+    if isinstance(dtype, MapType):
+        return f"map<{sql_type(dtype.keyType)},{sql_type(dtype.valueType)}>"
+    return dtype.simpleString()
+
+
+def _field_names(struct: StructType) -> list[str]:
+    return [f.name.lower() for f in struct.fields]
+
+
+def needs_struct_by_name(source: DataType, target: DataType) -> bool:
+    """Whether a positional cast would pair the wrong fields: some struct (or struct in an array) in ``source``
+    names its fields otherwise, or in another order, than the target's."""
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        if _field_names(source) != _field_names(target):
+            return True
+        return any(
+            needs_struct_by_name(a.dataType, b.dataType) for a, b in zip(source.fields, target.fields, strict=True)
+        )
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return needs_struct_by_name(source.elementType, target.elementType)
+    return False
+
+
+def struct_by_name(
+    text: str, source: DataType, target: DataType, *, allow_missing: bool, where: str, depth: int = 0
+) -> str:
+    """SQL that stores ``text`` (of type ``source``) into ``target`` pairing struct fields by name, as Delta's
+    MERGE does (resolveMergeUpdateStructsByName): every source field must exist in the target, and a target
+    field the source lacks is NULL only under schema evolution. Leaves keep ANSI store assignment."""
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        by_name = {f.name.lower(): f for f in source.fields}
+        target_names = set(_field_names(target))
+        missing = [f for f in target.fields if f.name.lower() not in by_name]
+        if any(name not in target_names for name in by_name) or (missing and not allow_missing):
+            raise MergeResolutionError(
+                f"{where}: Cannot cast {source.simpleString()} to {target.simpleString()}. All nested columns must "
+                "match.",
+                field=where,
+            )
+        parts = []
+        for f in target.fields:
+            sf = by_name.get(f.name.lower())
+            value = (
+                "NULL"
+                if sf is None
+                else struct_by_name(
+                    f"({text}).{quote_identifier(sf.name)}",
+                    sf.dataType,
+                    f.dataType,
+                    allow_missing=allow_missing,
+                    where=where,
+                    depth=depth + 1,
+                )
+            )
+            parts.append(f"{sql_string(f.name)}, CAST({value} AS {sql_type(f.dataType)})")
+        return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
+        element = f"_element_{depth}_"
+        inner = struct_by_name(
+            element, source.elementType, target.elementType, allow_missing=allow_missing, where=where, depth=depth + 1
+        )
+        return f"transform({text}, {element} -> {inner})"
+    if source != target and not can_ansi_cast(source, target):
+        raise MergeResolutionError(
+            f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment.",
+            field=where,
+        )
+    return text
