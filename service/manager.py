@@ -67,6 +67,7 @@ RECORD_COLUMNS = (
     jobs.c.metrics,
     jobs.c.error,
     jobs.c.cancel_requested,
+    jobs.c.engine,
 )
 
 # The API's hot statements, built once: SQLAlchemy then finds their compiled form by a cache key it computed once,
@@ -192,6 +193,7 @@ def _record(row: Row[Any] | Any) -> JobRecord:
         metrics=m["metrics"],
         error=m["error"],
         cancel_requested=bool(m["cancel_requested"]),
+        engine=m["engine"],
     )
 
 
@@ -307,6 +309,7 @@ class JobManager:
                         "target_key": new.target_key,
                         "spec": new.spec,
                         "dry_run": new.dry_run,
+                        "engine": new.engine,
                         "submitted_at": now,
                         "attempts": 0,
                         "idempotency_key": new.idempotency_key,

@@ -23,6 +23,7 @@ from ulid import ULID
 import engine
 import engine.errors as engine_errors
 import engine.spark as engine_spark
+from service import engines
 from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError
 from service.jobs import ClaimedJob, Lease, Phase
 from service.manager import JobManager
@@ -125,7 +126,7 @@ class EngineRunner:
         spark = self.session()
         spark.addTag(tag)
         try:
-            return engine.run_merge(
+            return engines.merge_function(engines.stored_engine(job.spec))(
                 spark,
                 built.spec,
                 txn=txn,
@@ -266,6 +267,8 @@ class JobControl:
         self.cancel_requested = False
         self.lease_lost = False
         self.commit_started = False
+        self.commit_interruptible = False
+        """The engine finds out after an interrupted commit whether it landed (``engines.commit_interruptible``)."""
         self.shutting_down = False
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -314,7 +317,7 @@ class JobControl:
 
     def interrupt(self, why: str) -> None:
         with self._lock:
-            if self.commit_started:
+            if self.commit_started and not self.commit_interruptible:
                 return
             if why == "cancel":
                 self.cancel_requested = True
@@ -461,6 +464,7 @@ class Worker:
                 )
             tag = f"merge-job-{lease.job_id}-{lease.attempt}"
             control = JobControl(self.manager, lease, self.runner, tag, self.settings.heartbeat_seconds, context)
+            control.commit_interruptible = engines.commit_interruptible(engines.stored_engine(job.spec))
             self._current = control
             started = time.monotonic()
             log.info("job started", seq=job.seq)
