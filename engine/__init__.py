@@ -14,6 +14,7 @@ from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
     from engine.command import run_merge
+    from engine.delta_connect import run_delta_merge
     from engine.inline_rows import rows_to_arrow
     from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
     from engine.spark import connect
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "run_merge": "engine.command",
+    "run_delta_merge": "engine.delta_connect",
     "validate_spec": "engine.validation",
     "ALL_METRICS": "engine.result",
     "COMMIT_METRICS": "engine.result",
@@ -68,6 +70,7 @@ __all__ = [
     "connect",
     "parse_merge_sql",
     "rows_to_arrow",
+    "run_delta_merge",
     "run_merge",
     "validate_spec",
 ]

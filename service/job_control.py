@@ -38,6 +38,8 @@ class JobControl:
         self.cancel_requested = False
         self.lease_lost = False
         self.commit_started = False
+        self.commit_interruptible = False
+        """The engine finds out after an interrupted commit whether it landed (``engines.commit_interruptible``)."""
         self.shutting_down = False
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -86,7 +88,7 @@ class JobControl:
 
     def interrupt(self, why: str) -> None:
         with self._lock:
-            if self.commit_started:
+            if self.commit_started and not self.commit_interruptible:
                 return
             if why == "cancel":
                 self.cancel_requested = True

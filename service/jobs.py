@@ -71,6 +71,7 @@ class JobRecord:
     metrics: dict[str, int] | None
     error: dict[str, Any] | None
     cancel_requested: bool
+    engine: str = "builtin"
 
     @property
     def finished(self) -> bool:
@@ -114,6 +115,7 @@ class NewJob:
     request_hash: str | None = None
     idempotency_scope: str = ""
     """Who the key belongs to: the fingerprint of the caller's token ("" without tokens)."""
+    engine: str = "builtin"
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,8 @@ class Job(Base):
     target_key: Mapped[str] = mapped_column(Text, nullable=False)
     spec: Mapped[dict[str, Any]] = mapped_column(JsonType, nullable=False)
     dry_run: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    engine: Mapped[str] = mapped_column(String(16), nullable=False, default="builtin", server_default="builtin")
+    """Which engine runs the job (``service.engines``); jobs from before the choice existed ran on the builtin one."""
     submitted_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

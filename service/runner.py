@@ -13,6 +13,7 @@ import structlog
 import engine
 import engine.errors as engine_errors
 import engine.spark as engine_spark
+from service import engines
 from service.jobs import ClaimedJob
 from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
@@ -138,7 +139,7 @@ class EngineRunner:
         spark = self.session()
         spark.addTag(tag)
         try:
-            return engine.run_merge(
+            return engines.merge_function(engines.stored_engine(job.spec))(
                 spark,
                 built.spec,
                 txn=txn,

@@ -87,6 +87,9 @@ SourceIn = Annotated[
     Discriminator(_source_kind),
 ]
 
+EngineName = Literal["builtin", "delta"]
+"""Which engine runs a merge: the service's own, or Delta Lake's own MERGE INTO (``service.engines``)."""
+
 # --- clauses --------------------------------------------------------------------------------------------------
 
 
@@ -136,6 +139,7 @@ class StructuredMergeIn(_Strict):
     when_not_matched_by_source: list[NotMatchedBySourceClause] = Field(default_factory=list)
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
+    engine: EngineName | None = None
 
 
 class SqlMergeIn(_Strict):
@@ -145,6 +149,7 @@ class SqlMergeIn(_Strict):
     sql: NonEmpty
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
+    engine: EngineName | None = None
 
 
 def _merge_kind(value: Any) -> str:
@@ -205,6 +210,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     attempts: int
     dry_run: bool
+    engine: EngineName
     table_version: int | None
     result: dict[str, int] | None
     metrics: dict[str, int] | None

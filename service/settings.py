@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     backoff_base_seconds: float = Field(default=1.0, ge=0)
     backoff_max_seconds: float = Field(default=60.0, ge=0)
     poll_interval_seconds: float = Field(default=0.2, gt=0)
+    default_engine: Literal["builtin", "delta"] = "builtin"
+    """The engine of a job whose body names none: the service's own (``builtin``) or Delta's own MERGE INTO
+    (``delta``, which needs Delta on the Spark Connect cluster)."""
     app_id: str = "merge-service"
     """The Delta ``txn`` application id of this deployment: with a job's ``seq`` it makes commits exactly-once."""
     log_level: str = "INFO"

@@ -42,6 +42,7 @@ RECORD_COLUMNS = (
     jobs.c.metrics,
     jobs.c.error,
     jobs.c.cancel_requested,
+    jobs.c.engine,
 )
 
 
@@ -64,6 +65,7 @@ def job_record(row: Row[Any] | Any) -> JobRecord:
         metrics=m["metrics"],
         error=m["error"],
         cancel_requested=bool(m["cancel_requested"]),
+        engine=m["engine"],
     )
 
 

@@ -54,6 +54,7 @@ class JobSubmissions(JobStore):
                         "target_key": new.target_key,
                         "spec": new.spec,
                         "dry_run": new.dry_run,
+                        "engine": new.engine,
                         "submitted_at": now,
                         "attempts": 0,
                         "idempotency_key": new.idempotency_key,

@@ -18,6 +18,7 @@ import structlog
 from ulid import ULID
 
 import engine.errors as engine_errors
+from service import engines
 from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError
 from service.job_control import JobControl
 from service.jobs import ClaimedJob
@@ -148,6 +149,7 @@ class Worker:
                 )
             tag = f"merge-job-{lease.job_id}-{lease.attempt}"
             control = JobControl(self.manager, lease, self.runner, tag, self.settings.heartbeat_seconds, context)
+            control.commit_interruptible = engines.commit_interruptible(engines.stored_engine(job.spec))
             self._current = control
             started = time.monotonic()
             log.info("job started", seq=job.seq)

@@ -10,6 +10,7 @@ import structlog
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
 
+from service import engines
 from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
 from service.jobs import JobRecord, NewJob, Status
 from service.middleware import StrictJsonRoute
@@ -54,6 +55,7 @@ def job_out(job: JobRecord) -> JobOut:
         finished_at=job.finished_at,
         attempts=job.attempts,
         dry_run=job.dry_run,
+        engine=job.engine,  # type: ignore[arg-type]
         table_version=job.table_version,
         result=job.result,
         metrics=job.metrics,
@@ -95,10 +97,13 @@ def submit_merge(
     manager: ManagerDep,
     roots: RootsDep,
     metrics: MetricsDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)] = None,
 ) -> Response:
     built = build_merge(body, roots)
-    stored = body.model_dump(mode="json", by_alias=True)
+    engine_name = engines.chosen_engine(body.engine, settings.default_engine)
+    engines.check_engine(engine_name, dry_run=built.dry_run)
+    stored = engines.stored_body(body.model_dump(mode="json", by_alias=True), engine_name)
     request_hash = None
     if idempotency_key is not None:
         canonical = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -112,6 +117,7 @@ def submit_merge(
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             idempotency_scope=caller.fingerprint,
+            engine=engine_name,
         )
     )
     if created:
