@@ -28,7 +28,7 @@ import engine
 import engine.errors as engine_errors
 from engine import delta
 from engine.delta_connect import _run_statement, _statement_conf, merge_statement
-from engine.spark import SparkProcess, free_port
+from engine.spark_server import SparkProcess, free_port
 from service.app import create_app
 from service.jobs import Status
 from service.manager import JobManager

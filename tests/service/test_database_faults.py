@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from engine.spark import free_port
+from engine.spark_server import free_port
 from tests.service.conftest import PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
