@@ -16,7 +16,12 @@ from typing import Any
 
 from bench.merge.measure import peak_rss_bytes, tree_cpu_seconds
 
-DELTA_SESSION_CONF = {"spark.databricks.delta.merge.deletionVectors.persistent": "true"}
+DELTA_SESSION_CONF = {
+    "spark.databricks.delta.merge.deletionVectors.persistent": "true",
+    # Delta rebuilds a snapshot's state in 50 partitions by default, sized for clusters; on the bench's two cores
+    # it gets the shuffle partitions the engine's server has.
+    "spark.databricks.delta.snapshotPartitions": "8",
+}
 
 _CLAUSES = {
     "upsert": "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",

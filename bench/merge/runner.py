@@ -39,6 +39,8 @@ class Outcome:
     change_counts: tuple[dict[str, int], dict[str, int]] | None = None
     baseline: Outcome | None = None
     """For the CDF variant: the same merge without CDF."""
+    paths: dict[Peer, Path] = field(default_factory=dict)
+    """Each peer's table of its last run."""
 
     @property
     def engine(self) -> dict[str, Any] | None:
@@ -98,7 +100,7 @@ class Context:
         return self.session_ids.setdefault(peer, str(uuid.uuid4()))
 
 
-def _job(ctx: Context, outcome: Outcome, peer: Peer) -> dict[str, Any]:
+def _job(ctx: Context, outcome: Outcome, peer: Peer, target: Path) -> dict[str, Any]:
     return {
         "source": str(outcome.source),
         "kind": outcome.workload.kind,
@@ -107,16 +109,24 @@ def _job(ctx: Context, outcome: Outcome, peer: Peer) -> dict[str, Any]:
         "streamed_exec": ctx.args.deltars_streamed_exec == "true",
         "warm_table": str(ctx.workdir / "warm-table"),
         "jvm_pid": ctx.jvm_pid,
-        "target": str(ctx.table_path(outcome.workload, peer)),
+        "target": str(target),
     }
 
 
 def run_once(ctx: Context, outcome: Outcome, peer: Peer, timed: bool) -> float | None:
     """One run of a workload by ``peer`` on a fresh copy of its target; answers its time."""
     workload = outcome.workload
-    fresh_copy(ctx.base(workload, peer), ctx.table_path(workload, peer))
+    path = ctx.table_path(workload, peer)
+    if peer == "delta":
+        # Delta on Spark caches a table's log by path: a fresh copy at the path it merged last would meet the
+        # cached state of the merged table. A path per run loads each copy's log as the other peers do.
+        path = path.with_name(f"{path.name}-{sum(1 for _ in path.parent.glob(path.name + '-*'))}")
+    if peer in outcome.paths:
+        shutil.rmtree(outcome.paths[peer], ignore_errors=True)
+    outcome.paths[peer] = path
+    fresh_copy(ctx.base(workload, peer), path)
     with PeakSampler(ctx.jvm_pid if peer == "engine" else None) as jvm:
-        out = run_child(peer, _job(ctx, outcome, peer), ctx.workdir, f"{ctx.tag}w{workload.key}")
+        out = run_child(peer, _job(ctx, outcome, peer, path), ctx.workdir, f"{ctx.tag}w{workload.key}")
     if peer == "engine":
         outcome.jvm_peak = max(outcome.jvm_peak or 0, jvm.peak) or None
     if out["status"] == "unsupported":
@@ -157,7 +167,7 @@ def check_outcome(ctx: Context, outcome: Outcome, peers: Sequence[Peer]) -> None
     from deltalake import DeltaTable
 
     workload, expected = outcome.workload, outcome.expected
-    theirs = ctx.table_path(workload, "deltars")
+    theirs = outcome.paths.get("deltars", ctx.table_path(workload, "deltars"))
     if outcome.deltars is not None:
         outcome.problems += check.check_deltars_metrics(outcome.deltars["metrics"], expected)
     rows_after = outcome.rows + expected.inserted - expected.deleted
@@ -165,7 +175,7 @@ def check_outcome(ctx: Context, outcome: Outcome, peers: Sequence[Peer]) -> None
         out = outcome.best.get(peer)
         if peer == "deltars" or out is None or outcome.deltars is None:
             continue
-        name, path = PEER_NAMES[peer], ctx.table_path(workload, peer)
+        name, path = PEER_NAMES[peer], outcome.paths[peer]
         source_rows = out["metrics"].get("numSourceRows")
         outcome.problems += check.check_result(name, out["result"], source_rows, expected)
         outcome.problems += check.compare_tables(path, theirs, rows_after, peer=name)
@@ -176,8 +186,8 @@ def check_outcome(ctx: Context, outcome: Outcome, peers: Sequence[Peer]) -> None
             outcome.problems.append(f"{name} wrote no deletion vector on a table with deletion vectors enabled")
         if workload.cdf and peer == "engine":
             _check_changes(outcome, path, theirs, version)
-    for peer in peers:
-        shutil.rmtree(ctx.table_path(workload, peer), ignore_errors=True)
+    for path in outcome.paths.values():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_changes(outcome: Outcome, ours: Path, theirs: Path, version: int) -> None:
