@@ -181,7 +181,19 @@ def build_plans(
                 path = workdir / "sources" / f"w{w.data_key}"
                 sources[w.data_key] = (path, build_source(path, w, args.rows, rng))
         plans.append(
-            Plan(ctx, [Outcome(w, sources[w.data_key][1], sources[w.data_key][0], args.rows) for w in workloads])
+            Plan(
+                ctx,
+                [
+                    Outcome(
+                        w,
+                        sources[w.data_key][1],
+                        sources[w.data_key][0],
+                        args.rows,
+                        total_files=total["cdf" if w.cdf else "plain"],
+                    )
+                    for w in workloads
+                ],
+            )
         )
     if SCALE_KEY in args.keys:
         per_file = max(args.rows // args.files, 1)
@@ -192,7 +204,9 @@ def build_plans(
             ctx = Context(args, folder, bases, total, tag=f"s{size}-")
             w = WORKLOADS[SCALE_KEY]
             source = folder / "source"
-            plans.append(Plan(ctx, [Outcome(w, build_source(source, w, size, rng), source, size)]))
+            plans.append(
+                Plan(ctx, [Outcome(w, build_source(source, w, size, rng), source, size, total_files=total["plain"])])
+            )
     return plans
 
 

@@ -114,7 +114,7 @@ def results(ctx: Context, outcomes: Sequence[Outcome], *, delta: bool) -> None:
             f"{cpu_ratio:.2f}" if cpu_ratio is not None else "-",
             target_text(o.workload),
             files_engine(o),
-            files_deltars(o, ctx.total_files["cdf" if o.workload.cdf else "plain"]),
+            files_deltars(o, o.total_files),
             mb(o.engine["peak_rss"]) if o.engine else "-",
             mb(o.deltars["peak_rss"]) if o.deltars else "-",
             mb(o.jvm_peak),

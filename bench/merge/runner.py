@@ -39,6 +39,8 @@ class Outcome:
     change_counts: tuple[dict[str, int], dict[str, int]] | None = None
     baseline: Outcome | None = None
     """For the CDF variant: the same merge without CDF."""
+    total_files: int = 0
+    """The files of delta-rs's target."""
     paths: dict[Peer, Path] = field(default_factory=dict)
     """Each peer's table of its last run."""
 
