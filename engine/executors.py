@@ -326,7 +326,16 @@ class ClassicMergeExecutor:
         second_scan = Observation("secondScan")
         counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
-        how = "right_outer" if spec.is_matched_only else "full_outer"
+        # A target row no source row matches is copied unless a NOT MATCHED BY SOURCE clause may change it, and a
+        # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
+        # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
+        keeps_target = bool(spec.not_matched_by_source)
+        how = {
+            (False, False): "inner",
+            (False, True): "left_outer",
+            (True, False): "right_outer",
+            (True, True): "full_outer",
+        }[(keeps_target, bool(spec.not_matched))]
         joined = counted.alias(s).join(target.alias(t), on, how)
         added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
             ctx, joined, dedup_columns, write_id=ctx.write_id

@@ -7,9 +7,11 @@ is checked: a row whose file path does not map back fails the query instead of v
 Rows a file's deletion vector deletes never leave the scan (PROTOCOL.md "Reader Requirements for Deletion
 Vectors"). Files without a vector are read as before; files with one are read with their log path and Parquet
 row index, and their deleted rows dropped there: a plan-inline ``row_index IN (...)`` per file while the scan's
-vectors hold few rows (Spark turns each list into a hash set), and beyond that an anti-join with a side table
-of (file number, row index) built from Arrow, so a vector of millions of rows costs a hash probe per row, not a
-plan of millions of literals.
+vectors hold few rows (Spark turns each list into a hash set); beyond that each file's vector as a plain bitmap
+(an array of longs, one bit a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions
+of rows; and for vectors wider still an anti-join with a side table of (file number, row index) built from Arrow.
+A side table of many rows is slow: Spark Connect carries it in every plan built on the scan, and converts it at
+every analysis (about 2 s per 100,000 rows).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ _ROW_BITS = 40
 
 INLINE_DELETED_ROWS = 5_000
 """Up to this many deleted rows in one scan, the row indexes go in the plan; beyond it, in a side table."""
+
+BITMAP_WORDS = 4_000_000
+"""Up to this many 64-bit words (32 MB) of plain bitmaps in one scan, deleted rows are dropped by bitmap; beyond it,
+by the side table. A file's bitmap reaches its last deleted row: 15,625 words for a million rows."""
+_BITMAP_COL = "__delta_dv_bitmap"
+_LAST_DELETED_COL = "__delta_dv_last"
+_WORD_COL = "__delta_dv_word"
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
@@ -134,6 +143,8 @@ def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame,
             if rows:
                 deleted = F.when(F.col(FILE_NAME_COL) == path, F.col(ROW_INDEX_COL).isin(list(rows))).otherwise(deleted)
         return scan.where(~deleted)
+    if sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS:
+        return _drop_by_bitmaps(spark, scan, vectors)
     numbers = spark.createDataFrame(
         [(path, number) for number, (path, _) in enumerate(vectors)],
         T.StructType(
@@ -164,6 +175,43 @@ def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame,
             & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
             how="left_anti",
         )
+    return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
+
+
+def _word_count(rows: BitMap64) -> int:
+    """64-bit words of a bitmap that reaches the vector's last deleted row."""
+    return (rows.max() >> 6) + 1 if rows else 0
+
+
+def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
+    """Each file's deleted rows as a plain bitmap (an array of longs up to its last deleted row, one bit a row),
+    one row per file broadcast to the scan: a row is dropped by one array read and a shift, with no per-row hash
+    and no side table as long as the scan has rows."""
+    lasts, lengths, words = [], [], []
+    for _, rows in vectors:
+        count = _word_count(rows)
+        bits = np.zeros(count * 64, dtype=np.bool_)
+        bits[np.frombuffer(rows.to_array(), dtype=np.uint64)] = True
+        words.append(np.packbits(bits, bitorder="little").view("<i8"))
+        lasts.append(rows.max() if rows else -1)
+        lengths.append(count)
+    bitmaps = pa.table(
+        {
+            FILE_NAME_COL: pa.array([path for path, _ in vectors], pa.string()),
+            _LAST_DELETED_COL: pa.array(lasts, pa.int64()),
+            _BITMAP_COL: pa.ListArray.from_arrays(
+                pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32()),
+                pa.array(np.concatenate(words) if words else np.empty(0, np.int64), pa.int64()),
+            ),
+        }
+    )
+    row = F.col(ROW_INDEX_COL)
+    word = F.get(F.col(_BITMAP_COL), F.shiftright(row, 6).cast("int"))
+    bit = F.expr(f"shiftright(`{_WORD_COL}`, cast(`{ROW_INDEX_COL}` & 63 AS INT)) & 1")
+    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on=FILE_NAME_COL, how="inner")
+    kept = joined.withColumn(_WORD_COL, F.when(row <= F.col(_LAST_DELETED_COL), word)).where(
+        F.col(_WORD_COL).isNull() | (bit == 0)
+    )
     return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
 
 

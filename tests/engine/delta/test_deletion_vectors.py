@@ -241,13 +241,24 @@ def test_scan_drops_deleted_rows(spark: SparkSession, lake: Path, storage: str) 
         assert sorted(r["id"] for r in rows) == expected
 
 
-@pytest.mark.parametrize(("inline_limit", "row_bits"), [(0, 40), (0, 4), (1_000_000, 40)])
+@pytest.mark.parametrize(
+    ("inline_limit", "bitmap_words", "row_bits"),
+    [(0, 1_000_000, 40), (0, 0, 40), (0, 0, 4), (1_000_000, 0, 40)],
+    ids=["bitmaps", "side-table", "side-table-pair", "inline"],
+)
 def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
-    spark: SparkSession, lake: Path, inline_limit: int, row_bits: int, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    lake: Path,
+    inline_limit: int,
+    bitmap_words: int,
+    row_bits: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The plan-inline filter and the side-table anti-join (on one long key, or on the pair when row indexes
-    are too wide for it) give the same rows; partition values still join."""
+    """The plan-inline filter, the broadcast bitmaps (rows in every bit of a word, the sign bit included) and the
+    side-table anti-join (on one long key, or on the pair when row indexes are too wide for it) give the same
+    rows; partition values still join."""
     monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", inline_limit)
+    monkeypatch.setattr(scan_module, "BITMAP_WORDS", bitmap_words)
     monkeypatch.setattr(scan_module, "_ROW_BITS", row_bits)
     path = lake / "parted"
     data = _rows(0, 3000).append_column("part", pa.array([["a b", "c"][i % 2] for i in range(3000)]))
@@ -255,10 +266,10 @@ def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
     write_deltalake(str(path), _rows(3000, 10).append_column("part", pa.array(["c"] * 10)), mode="append")
     enable_deletion_vectors(path)
     files = file_paths(path)
-    delete_rows(path, {files[0]: range(0, 1500, 2), files[1]: [7, 1499]})
+    delete_rows(path, {files[0]: range(0, 1500, 2), files[1]: [7, 63, 127, 1499]})
     snapshot = load_snapshot(path)
     expected = read_with_deltalake(path)
-    assert expected.num_rows == 3010 - 752
+    assert expected.num_rows == 3010 - 754
     rows = scan_files(spark, snapshot, snapshot.files).collect()
     assert sorted((r["id"], r["part"]) for r in rows) == sorted(
         zip(expected.column("id").to_pylist(), expected.column("part").to_pylist(), strict=True)

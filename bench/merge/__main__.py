@@ -1,0 +1,5 @@
+import sys
+
+from bench.merge.cli import main
+
+sys.exit(main())
