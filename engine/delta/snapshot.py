@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
+from engine.delta.feature_table import feature as feature_row
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
 from engine.delta.values import (
@@ -33,6 +34,7 @@ from engine.errors import DeltaError, TableNotFoundError, UnsupportedTableFeatur
 DEFAULT_CHECKPOINT_INTERVAL = 10
 _CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+_UNSUPPORTED_FEATURE = re.compile(r"Feature '([^']+)' is not supported")
 _UNREADABLE_ROOT_CHARS = ("[", "]", "%")
 """deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
@@ -128,6 +130,15 @@ def load_snapshot(
     except DeltaProtocolError as exc:
         raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
     except RsDeltaError as exc:
+        unsupported = _UNSUPPORTED_FEATURE.search(str(exc))
+        if "catalog-managed" in str(exc).lower() or unsupported:
+            # deltalake refuses to open these; say which feature and why, as the protocol gate would.
+            name = unsupported.group(1) if unsupported else _catalog_feature(root)
+            row = feature_row(name)
+            raise UnsupportedTableFeatureError(
+                f"Table protocol requires Delta feature {name!r}, which this engine does not implement: it "
+                f"cannot read such a table ({root}). {row.notes if row else 'The engine does not know the feature.'}"
+            ) from exc
         if version is not None and "version" in str(exc).lower():
             raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
         raise DeltaError(f"Cannot read table {root}: {exc}") from exc
@@ -167,6 +178,20 @@ def load_snapshot(
         _table=dt,
         lake_roots=tuple(lake_roots),
     )
+
+
+def _catalog_feature(root: str) -> str:
+    """The name the table's newest commit with a protocol gives its catalog feature (catalogManaged, or its
+    preview name)."""
+    log_dir = os.path.join(root, "_delta_log")
+    commits = sorted((n for n in os.listdir(log_dir) if _COMMIT_NAME.match(n)), reverse=True)
+    for name in commits:
+        with open(os.path.join(log_dir, name), encoding="utf-8") as handle:
+            for line in handle:
+                if '"protocol"' in line:
+                    listed = json.loads(line)["protocol"].get("readerFeatures") or []
+                    return next((f for f in listed if f.startswith("catalog")), "catalogManaged")
+    return "catalogManaged"
 
 
 def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:
