@@ -89,7 +89,13 @@ FEATURES: tuple[TableFeature, ...] = (
         "Refused: every commit would need a monotonic `inCommitTimestamp` in its commitInfo.",
     ),
     TableFeature("timestampNtz", READER_WRITER, _Y, _Y, "TIMESTAMP_NTZ columns are read and written."),
-    TableFeature("v2Checkpoint", READER_WRITER, _U, _U, "Refused: V2 checkpoints are not read."),
+    TableFeature(
+        "v2Checkpoint",
+        READER_WRITER,
+        _Y,
+        _Y,
+        "UUID-named checkpoints and their sidecars are read; checkpoints the engine writes follow the V2 spec.",
+    ),
     TableFeature(
         "vacuumProtocolCheck",
         READER_WRITER,
