@@ -33,6 +33,8 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
+from engine.delta.identity import identity_columns
+from engine.delta.type_widening import is_schema_evolution_widening, widened_field
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import check_scope, clause_where, column_path, parse_expression, quote_identifier, sql
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
@@ -231,11 +233,13 @@ class ResolvedMerge:
     """The table schema after the merge: the target's columns, then new columns from schema evolution."""
     new_columns: list[str]
     target_values: dict[str, str] = field(default_factory=dict)
-    """For columns whose struct type gained fields by schema evolution (lower-case name): the target's value in
-    the new type, as SQL (the new fields NULL)."""
+    """For columns whose type schema evolution changed (lower-case name): the target's value in the new type, as
+    SQL (fields a struct gained NULL; a widened type cast)."""
     matched: list[ResolvedClause] = field(default_factory=list)
     not_matched: list[ResolvedClause] = field(default_factory=list)
     not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
+    identity_generated: list[str] = field(default_factory=list)
+    """Identity columns some INSERT generates values for: the commit raises their high-water marks."""
 
     @property
     def schema_changed(self) -> bool:
@@ -259,8 +263,18 @@ def _qualify(node: exp.Expression, alias: str) -> exp.Expression:
 class Resolver:
     """Resolves one merge against the source DataFrame and an (empty) target DataFrame of the table schema."""
 
-    def __init__(self, spec: MergeSpec, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+    def __init__(
+        self,
+        spec: MergeSpec,
+        source: DataFrame,
+        target: DataFrame,
+        target_schema: StructType,
+        *,
+        type_widening: bool = False,
+    ) -> None:
         self.spec = spec
+        self.type_widening = type_widening
+        """The table allows type widening: schema evolution widens a column to a wider source type."""
         self.s = spec.source_alias
         self.t = spec.target_alias
         self.source = source.alias(self.s)
@@ -268,6 +282,7 @@ class Resolver:
         self.target_schema = target_schema
         self.source_schema = source.schema
         self.target_values: dict[str, str] = {}
+        self.identity_generated: set[str] = set()
 
     # --- expressions, scoped --------------------------------------------------------------------------------
 
@@ -330,6 +345,12 @@ class Resolver:
                 new.append(f.name)
                 continue
             existing = fields[index]
+            if self.type_widening and is_schema_evolution_widening(existing.dataType, f.dataType):
+                # Delta's automatic type widening: the column takes the source's wider type.
+                fields[index] = widened_field(existing, f.dataType)
+                column = f"{quote_identifier(self.t)}.{quote_identifier(existing.name)}"
+                target_values[existing.name.lower()] = f"CAST({column} AS {sql_type(f.dataType)})"
+                continue
             merged = evolved_type(existing.dataType, f.dataType)
             if merged is not None:
                 fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)
@@ -381,6 +402,7 @@ class Resolver:
         ):
             for index, clause in enumerate(group):
                 target_list.append(self._resolve_clause(clause, index, out_fields, new_columns))
+        resolved.identity_generated = sorted(self.identity_generated)
         return resolved
 
     def _resolve_clause(
@@ -443,6 +465,7 @@ class Resolver:
                     given.add(key)
                 else:
                     values.append(default)
+            self._identity_values(clause, out_fields, values, given, where)
             # Delta's generated columns: a clause that gives one no value computes it from the row's new values
             # (the write then checks any value given against the expression).
             for i, f in enumerate(out_fields):
@@ -481,6 +504,32 @@ class Resolver:
                     )
                 )
         return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
+
+    def _identity_values(
+        self,
+        clause: MergeClause,
+        out_fields: list[StructField],
+        values: list[tuple[str, bool]],
+        given: set[str],
+        where: str,
+    ) -> None:
+        """Delta's rules for identity columns: never updated; an INSERT that gives one no value generates it, one
+        that gives a value needs ``delta.identity.allowExplicitInsert``."""
+        identities = identity_columns(StructType(out_fields))
+        for i, f in enumerate(out_fields):
+            column = identities.get(f.name.lower())
+            if column is None:
+                continue
+            if isinstance(clause.action, UpdateAction):
+                if f.name.lower() in given:
+                    raise MergeResolutionError(f"{where}: UPDATE on IDENTITY column {f.name} is not supported.")
+            elif f.name.lower() not in given:
+                values[i] = (column.generated_values_sql(), True)
+                self.identity_generated.add(f.name)
+            elif not column.allow_explicit_insert:
+                raise MergeResolutionError(
+                    f"{where}: Providing values for GENERATED ALWAYS AS IDENTITY column {f.name} is not supported."
+                )
 
     def _generated_sql(
         self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]], where: str
