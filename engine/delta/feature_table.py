@@ -122,11 +122,12 @@ FEATURES: tuple[TableFeature, ...] = (
     TableFeature(
         "variantType",
         READER_WRITER,
+        _Y,
         _U,
-        _U,
-        "Refused once a column is a VARIANT.",
+        "VARIANT columns are read; merges are refused once a column is a VARIANT: Spark 4.3 writes VARIANT "
+        "shredded (`typed_value`), which needs variantShredding, where this feature requires unshredded values.",
     ),
-    TableFeature("variantType-preview", READER_WRITER, _U, _U, "The preview name of variantType; the same rules."),
+    TableFeature("variantType-preview", READER_WRITER, _Y, _U, "The preview name of variantType; the same rules."),
     TableFeature(
         "variantShredding",
         READER_WRITER,
