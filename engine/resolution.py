@@ -465,7 +465,7 @@ class Resolver:
                     given.add(key)
                 else:
                     values.append(default)
-            self._identity_values(clause, out_fields, values, given, where)
+            self._identity_values(clause, index, out_fields, values, given, where)
             # Delta's generated columns: a clause that gives one no value computes it from the row's new values
             # (the write then checks any value given against the expression).
             for i, f in enumerate(out_fields):
@@ -508,6 +508,7 @@ class Resolver:
     def _identity_values(
         self,
         clause: MergeClause,
+        index: int,
         out_fields: list[StructField],
         values: list[tuple[str, bool]],
         given: set[str],
@@ -524,7 +525,7 @@ class Resolver:
                 if f.name.lower() in given:
                     raise MergeResolutionError(f"{where}: UPDATE on IDENTITY column {f.name} is not supported.")
             elif f.name.lower() not in given:
-                values[i] = (column.generated_values_sql(), True)
+                values[i] = (column.generated_values_sql(max(1, len(self.spec.not_matched)), index), True)
                 self.identity_generated.add(f.name)
             elif not column.allow_explicit_insert:
                 raise MergeResolutionError(

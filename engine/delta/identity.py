@@ -40,9 +40,12 @@ class IdentityColumn:
         """The first value this write may generate (Delta's ``base``)."""
         return self.start if self.high_water_mark is None else self.high_water_mark + self.step
 
-    def generated_values_sql(self) -> str:
-        """Spark SQL giving each row a new value (see the module docstring)."""
-        return f"(CAST({self.next_value} AS BIGINT) + CAST({self.step} AS BIGINT) * monotonically_increasing_id())"
+    def generated_values_sql(self, lanes: int = 1, lane: int = 0) -> str:
+        """Spark SQL giving each row a new value (see the module docstring). Each of ``lanes`` expressions that
+        generate values in one write (one per INSERT clause: each counts only the rows it is evaluated for) takes
+        its own ``lane`` of the sequence, so no two give the same value."""
+        k = "monotonically_increasing_id()" if lanes == 1 else f"(monotonically_increasing_id() * {lanes} + {lane})"
+        return f"(CAST({self.next_value} AS BIGINT) + CAST({self.step} AS BIGINT) * {k})"
 
     def round_to_next(self, value: int) -> int:
         """Delta's ``roundToNext``: ``value`` if it is in the sequence, else the next value of the sequence."""

@@ -73,6 +73,21 @@ def test_inserts_generate_values_above_the_high_water_mark(spark: SparkSession, 
     assert _identity_metadata(path)["delta.identity.highWaterMark"] == got["f"]
 
 
+def test_several_insert_clauses_never_generate_the_same_value(spark: SparkSession, lake: Path) -> None:
+    """Each INSERT clause's expression counts only the rows it is evaluated for: each takes its own lane."""
+    path = _identity_table(lake, allow_explicit=False)
+    source = write_table(lake / "src", pa.table({"v": [f"r{i}" for i in range(20)]}))
+    clauses = [
+        clause("notMatched", "insert", "s.v < 'r5'", v="concat('first ', s.v)"),
+        clause("notMatched", "insert", v="concat('second ', s.v)"),
+    ]
+    result = run_merge(spark, make_spec(path, source, "t.v = s.v", clauses))
+    assert result.result["num_inserted_rows"] == 20
+    ids = [r["id"] for r in DeltaTable(str(path)).to_pyarrow_table().to_pylist()]
+    assert len(ids) == len(set(ids)) == 22
+    assert all(i > 15 and (i - 10) % 5 == 0 for i in ids if i not in (10, 15))
+
+
 def test_explicit_values_need_allow_explicit_insert(spark: SparkSession, lake: Path) -> None:
     source = write_table(lake / "src", pa.table({"id": pa.array([99], pa.int64()), "v": ["z"]}))
     always = _identity_table(lake, allow_explicit=False)
