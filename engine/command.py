@@ -22,6 +22,8 @@ from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot
 from engine.delta import write as delta_write
+from engine.delta.identity import with_high_water_marks
+from engine.delta.type_widening import type_widening_enabled
 from engine.errors import (
     CommitStateUnknownError,
     ConcurrentModificationError,
@@ -145,7 +147,13 @@ class MergeIntoCommand:
         spec = self.spec
         source = self._prepare_source()
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
-        resolved = Resolver(self.parsed, source, target_empty, snapshot.spark_schema).resolve()
+        resolved = Resolver(
+            self.parsed,
+            source,
+            target_empty,
+            snapshot.spark_schema,
+            type_widening=type_widening_enabled(snapshot.protocol, snapshot.metadata),
+        ).resolve()
 
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))
@@ -344,8 +352,12 @@ class MergeIntoCommand:
         if self.txn is not None:
             transaction.set_app_transaction(self.txn.app_id, self.txn.version)
         actions: list[CommitAction] = []
-        if resolved.schema_changed:
-            actions.append(snapshot.metadata.with_schema(StructType(resolved.output_fields)))
+        schema = StructType(resolved.output_fields) if resolved.schema_changed else snapshot.spark_schema
+        new_files = [f for f in added if isinstance(f, AddFile) and f.path not in snapshot.files_by_path]
+        written = [snapshot.file_path(f) for f in new_files]
+        marked = with_high_water_marks(schema, resolved.identity_generated, written)
+        if resolved.schema_changed or marked is not None:
+            actions.append(snapshot.metadata.with_schema(marked or schema))
         now = int(time.time() * 1000)
         actions += [f.to_remove(now) for f in removed]
         actions += list(added)

@@ -26,6 +26,7 @@ from sqlglot import exp
 
 from engine.assignments import assigned_values
 from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
+from engine.delta.identity import identity_columns
 from engine.errors import MergeResolutionError
 from engine.expressions import parse_expression, quote_identifier, sql
 from engine.merge_condition import MergeCondition
@@ -79,11 +80,13 @@ class ResolvedMerge:
     """The table schema after the merge: the target's columns, then new columns from schema evolution."""
     new_columns: list[str]
     target_values: dict[str, str] = field(default_factory=dict)
-    """For columns whose struct type gained fields by schema evolution (lower-case name): the target's value in
-    the new type, as SQL (the new fields NULL)."""
+    """For columns whose type schema evolution changed (lower-case name): the target's value in the new type, as
+    SQL (fields a struct gained NULL; a widened type cast)."""
     matched: list[ResolvedClause] = field(default_factory=list)
     not_matched: list[ResolvedClause] = field(default_factory=list)
     not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
+    identity_generated: list[str] = field(default_factory=list)
+    """Identity columns some INSERT generates values for: the commit raises their high-water marks."""
 
     @property
     def schema_changed(self) -> bool:
@@ -107,10 +110,20 @@ def _qualified_with(node: exp.Expression, alias: str) -> exp.Expression:
 class Resolver:
     """Resolves one merge against the source DataFrame and an (empty) target DataFrame of the table schema."""
 
-    def __init__(self, parsed: ParsedMerge, source: DataFrame, target: DataFrame, target_schema: StructType) -> None:
+    def __init__(
+        self,
+        parsed: ParsedMerge,
+        source: DataFrame,
+        target: DataFrame,
+        target_schema: StructType,
+        *,
+        type_widening: bool = False,
+    ) -> None:
         spec = parsed.spec
         self.parsed = parsed
         self.spec = spec
+        self.type_widening = type_widening
+        """The table allows type widening: schema evolution widens a column to a wider source type."""
         self.s = spec.source_alias
         self.t = spec.target_alias
         self.source = source.alias(self.s)
@@ -118,6 +131,7 @@ class Resolver:
         self.target_schema = target_schema
         self.source_schema = source.schema
         self.target_values: dict[str, str] = {}
+        self.identity_generated: set[str] = set()
 
     # --- expressions, scoped --------------------------------------------------------------------------------
 
@@ -167,7 +181,9 @@ class Resolver:
 
     def resolve(self) -> ResolvedMerge:
         spec = self.spec
-        out_fields, new_columns, target_values = evolved_schema(spec, self.target_schema, self.source_schema)
+        out_fields, new_columns, target_values = evolved_schema(
+            spec, self.target_schema, self.source_schema, type_widening=self.type_widening
+        )
         self.target_values = target_values
         on_types = self._analyze("matched", [("on", spec.on)])
         if not isinstance(on_types[0], (BooleanType, NullType)):
@@ -189,6 +205,7 @@ class Resolver:
         ):
             for index, clause in enumerate(group):
                 target_list.append(self._resolve_clause(clause, index, out_fields, new_columns))
+        resolved.identity_generated = sorted(self.identity_generated)
         return resolved
 
     def _resolve_clause(
@@ -203,7 +220,7 @@ class Resolver:
             items.append((f"{where}.condition", cond_sql))
         action = clause.action
         values = (
-            self._clause_values(action, ctype, where, out_fields, new_columns)
+            self._clause_values(clause, index, where, out_fields, new_columns)
             if isinstance(action, (UpdateAction, InsertAction))
             else None
         )
@@ -224,13 +241,16 @@ class Resolver:
 
     def _clause_values(
         self,
-        action: UpdateAction | InsertAction,
-        ctype: str,
+        clause: MergeClause,
+        index: int,
         where: str,
         out_fields: list[StructField],
         new_columns: list[str],
     ) -> list[tuple[str, bool]]:
         """One value per output column: its SQL text, and whether it is an assignment to cast and check."""
+        action = clause.action
+        assert isinstance(action, (UpdateAction, InsertAction))
+        ctype = clause.clause_type
         new_lower = {n.lower() for n in new_columns}
         generated = {
             f.name.lower(): str(f.metadata[GENERATION_KEY])
@@ -258,6 +278,7 @@ class Resolver:
             else:
                 values.append(value)
                 given.add(key)
+        self._identity_values(clause, index, out_fields, values, given, where)
         # Delta's generated columns: a clause that gives one no value computes it from the row's new values
         # (the write then checks any value given against the expression).
         for i, f in enumerate(out_fields):
@@ -267,6 +288,36 @@ class Resolver:
                     True,
                 )
         return values
+
+    def _identity_values(
+        self,
+        clause: MergeClause,
+        index: int,
+        out_fields: list[StructField],
+        values: list[tuple[str, bool]],
+        given: set[str],
+        where: str,
+    ) -> None:
+        """Delta's rules for identity columns: never updated; an INSERT that gives one no value generates it, one
+        that gives a value needs ``delta.identity.allowExplicitInsert``."""
+        identities = identity_columns(StructType(out_fields))
+        for i, f in enumerate(out_fields):
+            column = identities.get(f.name.lower())
+            if column is None:
+                continue
+            if isinstance(clause.action, UpdateAction):
+                if f.name.lower() in given:
+                    raise MergeResolutionError(
+                        f"{where}: UPDATE on IDENTITY column {f.name} is not supported.", field=where
+                    )
+            elif f.name.lower() not in given:
+                values[i] = (column.generated_values_sql(max(1, len(self.spec.not_matched)), index), True)
+                self.identity_generated.add(f.name)
+            elif not column.allow_explicit_insert:
+                raise MergeResolutionError(
+                    f"{where}: Providing values for GENERATED ALWAYS AS IDENTITY column {f.name} is not supported.",
+                    field=where,
+                )
 
     def _star_value(
         self, f: StructField, is_update: bool, generated: bool, default: tuple[str, bool], where: str

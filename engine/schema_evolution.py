@@ -6,17 +6,19 @@ from __future__ import annotations
 
 from pyspark.sql.types import ArrayType, DataType, StructField, StructType
 
+from engine.delta.type_widening import is_schema_evolution_widening, widened_field
 from engine.errors import MergeResolutionError, SchemaMismatchError
 from engine.expressions import quote_identifier
 from engine.spec import InsertAction, MergeSpec, UpdateAction
-from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, struct_by_name
+from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, sql_type, struct_by_name
 
 
 def evolved_schema(
-    spec: MergeSpec, target_schema: StructType, source_schema: StructType
+    spec: MergeSpec, target_schema: StructType, source_schema: StructType, *, type_widening: bool = False
 ) -> tuple[list[StructField], list[str], dict[str, str]]:
     """The table schema after the merge, its new top-level columns, and the target's value of each column
-    whose struct type gained fields (SQL, by lower-case name)."""
+    whose type changed (SQL, by lower-case name): a struct that gained fields, or, where the table allows type
+    widening (``type_widening``), a column widened to the source's wider type as Delta's automatic widening does."""
     fields = list(target_schema.fields)
     if not spec.schema_evolution:
         return fields, [], {}
@@ -33,6 +35,11 @@ def evolved_schema(
             new.append(f.name)
             continue
         existing = fields[index]
+        if type_widening and is_schema_evolution_widening(existing.dataType, f.dataType):
+            fields[index] = widened_field(existing, f.dataType)
+            column = f"{quote_identifier(spec.target_alias)}.{quote_identifier(existing.name)}"
+            target_values[existing.name.lower()] = f"CAST({column} AS {sql_type(f.dataType)})"
+            continue
         merged = evolved_type(existing.dataType, f.dataType)
         if merged is not None:
             fields[index] = StructField(existing.name, merged, existing.nullable, existing.metadata)

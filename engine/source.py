@@ -25,7 +25,7 @@ def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequ
     """The source's rows; its files are read only from its own path and ``lake_roots``."""
     if source.format == "delta":
         snapshot = delta.load_snapshot(source.path, lake_roots=lake_roots)
-        delta.check_supported(snapshot)
+        delta.check_readable(snapshot)
         return delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
     check_file_source_path(source.path, lake_roots)
     reader = spark.read.format(source.format)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from engine.delta.app_transactions import commit_info, find_app_transaction_commit
     from engine.delta.commits import CommitEntry
     from engine.delta.constraints import GENERATION_KEY
-    from engine.delta.features import DEFAULT_KEY, check_can_modify, check_supported
+    from engine.delta.features import DEFAULT_KEY, check_can_modify, check_readable, check_supported
     from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
     from engine.delta.paths import ReadScope
     from engine.delta.scan import (
@@ -66,6 +66,7 @@ _EXPORTS = {
     "INTEGRAL_TYPES": "engine.delta.values",
     "find_app_transaction_commit": "engine.delta.app_transactions",
     "check_can_modify": "engine.delta.features",
+    "check_readable": "engine.delta.features",
     "check_supported": "engine.delta.features",
     "ColumnPathError": "engine.delta.names",
     "parse_column_path": "engine.delta.names",
@@ -116,6 +117,7 @@ __all__ = [
     "Transaction",
     "check_can_modify",
     "check_no_reserved_cdc_columns",
+    "check_readable",
     "check_supported",
     "commit_info",
     "discard_write",

@@ -1,47 +1,33 @@
 """The protocol gate: which tables this layer may read and write (PROTOCOL.md "Table Features").
 
-The rule: never write a table whose rules we would break. A feature is accepted when it is implemented:
-appendOnly, changeDataFeed, timestampNtz, allowColumnDefaults (``DEFAULT_KEY``, for the writer of new rows to
-fill in), deletionVectors (every scan drops the rows a file's vector deletes, and a rewrite of such a file drops
-them for good: copy-on-write, which the protocol allows even where ``delta.enableDeletionVectors`` is true), and
-the row rules of invariants, checkConstraints and generatedColumns, which every write enforces
-(see ``constraints``). It is also accepted when the table does not actually use it (a legacy protocol version
-implies identity columns and column mapping: those are refused only when the schema or properties use them).
-Unknown features are refused.
+The rule: never write a table whose rules we would break, never read one whose rows we would read wrong. What
+this layer does with each feature is one row of ``feature_table.FEATURES`` (read, merge: yes, while unused, no),
+and the gate reads those rows only. A feature "while unused" is accepted when the table does not actually use it
+(a legacy protocol version implies identity columns and column mapping: those are refused only when the schema
+or properties use them). Feature names this engine has never heard of are refused for merges, and for reads when
+they are reader features.
+
+``python -m engine.delta.features --markdown`` prints docs/features.md from the same rows.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from engine.delta.actions import Metadata, Protocol
 from engine.delta.constraints import table_constraints
+from engine.delta.feature_table import Support, markdown
+from engine.delta.feature_table import feature as feature_row
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
 MAX_READER_VERSION = 3
 MAX_WRITER_VERSION = 7
 
-IMPLEMENTED_FEATURES = frozenset(
-    {
-        "appendOnly",
-        "changeDataFeed",
-        "timestampNtz",
-        "invariants",
-        "checkConstraints",
-        "generatedColumns",
-        "allowColumnDefaults",
-        "deletionVectors",
-    }
-)
-"""Features whose rules this layer follows."""
-
 DEFAULT_KEY = "CURRENT_DEFAULT"
 """Field metadata of allowColumnDefaults: the SQL of the value an INSERT gives a column it names no value for."""
-
-USE_CHECKED_FEATURES = frozenset({"identityColumns", "columnMapping", "variantType"})
-"""Features accepted while the table does not use them (checked against metadata and files)."""
 
 _TRUE = "true"
 
@@ -138,37 +124,78 @@ def protocol_features(protocol: Protocol) -> set[str]:
     return features
 
 
-def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, where: str = "") -> None:
-    """Raise UnsupportedTableFeatureError naming the first feature we cannot honour."""
-    suffix = f" ({where})" if where else ""
+def reader_protocol_features(protocol: Protocol) -> set[str]:
+    """Features a reader must implement: ``readerFeatures`` (reader 3), or column mapping at reader 2."""
+    features: set[str] = set(protocol.reader_features or ())
+    if protocol.reader_features is None and protocol.min_reader_version == 2:
+        features.add("columnMapping")
+    return features
+
+
+def _check_versions(protocol: Protocol, suffix: str, *, writing: bool) -> None:
     if protocol.min_reader_version > MAX_READER_VERSION:
         raise UnsupportedTableFeatureError(
             f"Table needs reader version {protocol.min_reader_version}; this engine reads up to "
             f"{MAX_READER_VERSION}{suffix}"
         )
-    if protocol.min_writer_version > MAX_WRITER_VERSION:
+    if writing and protocol.min_writer_version > MAX_WRITER_VERSION:
         raise UnsupportedTableFeatureError(
             f"Table needs writer version {protocol.min_writer_version}; this engine writes up to "
             f"{MAX_WRITER_VERSION}{suffix}"
         )
-    enabled = protocol_features(protocol)
-    used = features_in_use(metadata)
-    for feature, evidence in sorted(used.items()):
-        if feature not in IMPLEMENTED_FEATURES:
+
+
+def _support(name: str, *, writing: bool) -> tuple[Support, str]:
+    """How this engine supports a feature for the operation, and why (the feature table's notes)."""
+    row = feature_row(name)
+    if row is None:
+        return Support.NO, "this engine does not know the feature"
+    return (row.merge if writing else row.read), row.notes
+
+
+def _check_features(protocol: Protocol, metadata: Metadata, suffix: str, *, writing: bool) -> None:
+    """Refuse, naming it, the first feature the table uses or its protocol lists that the operation cannot
+    honour: used features first (they say what in the table uses them), then the protocol's list."""
+    verb = "merge into" if writing else "read"
+    for name, evidence in sorted(features_in_use(metadata).items()):
+        support, why = _support(name, writing=writing)
+        if support is not Support.YES and (writing or feature_row(name) is not None):
             raise UnsupportedTableFeatureError(
-                f"Table uses Delta feature {feature!r} ({evidence}), which this engine does not implement{suffix}"
+                f"Table uses Delta feature {name!r} ({evidence}), which this engine does not implement: it cannot "
+                f"{verb} such a table{suffix}. {why}"
             )
-    for feature in sorted(enabled):
-        if feature in IMPLEMENTED_FEATURES or feature in USE_CHECKED_FEATURES:
-            continue
-        raise UnsupportedTableFeatureError(
-            f"Table protocol requires Delta feature {feature!r}, which this engine does not implement{suffix}"
-        )
+    listed = protocol_features(protocol) if writing else reader_protocol_features(protocol) | _unreadable(protocol)
+    for name in sorted(listed):
+        support, why = _support(name, writing=writing)
+        if support is Support.NO:
+            raise UnsupportedTableFeatureError(
+                f"Table protocol requires Delta feature {name!r}, which this engine does not implement: it cannot "
+                f"{verb} such a table{suffix}. {why}"
+            )
+
+
+def _unreadable(protocol: Protocol) -> set[str]:
+    """Writer features whose table cannot be read right without them (the feature table's ``read`` is no)."""
+    return {name for name in protocol_features(protocol) if (row := feature_row(name)) and row.read is Support.NO}
+
+
+def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, where: str = "") -> None:
+    """The merge gate: UnsupportedTableFeatureError naming the first feature we cannot honour in a write."""
+    suffix = f" ({where})" if where else ""
+    _check_versions(protocol, suffix, writing=True)
+    _check_features(protocol, metadata, suffix, writing=True)
     table_constraints(metadata)  # refuses row rules it cannot enforce
 
 
+def check_readable(snapshot: Any) -> None:
+    """The read gate, for a table a merge reads but does not write (its source)."""
+    suffix = f" ({snapshot.root})"
+    _check_versions(snapshot.protocol, suffix, writing=False)
+    _check_features(snapshot.protocol, snapshot.metadata, suffix, writing=False)
+
+
 def check_supported(snapshot: Any) -> None:
-    """Protocol gate for reading and writing a snapshot's table (see the module docstring)."""
+    """The merge gate for a snapshot's table (see the module docstring)."""
     check_protocol_and_metadata(snapshot.protocol, snapshot.metadata, where=snapshot.root)
 
 
@@ -182,3 +209,15 @@ def check_can_modify(snapshot: Any) -> None:
         raise AppendOnlyTableError(
             f"Table {snapshot.root} is append-only (delta.appendOnly = true): rows cannot be updated or deleted"
         )
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--markdown"]:
+        sys.stdout.write(markdown())
+        return 0
+    sys.stderr.write("usage: python -m engine.delta.features --markdown\n")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

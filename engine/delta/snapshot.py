@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,9 +21,12 @@ from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
+from engine.delta.feature_table import feature as feature_row
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
+from engine.delta.type_widening import has_type_changes
 from engine.delta.values import (
+    field_at,
     leaf_fields,
     normalize_stat_value,
     serialize_partition_value,
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
 DEFAULT_CHECKPOINT_INTERVAL = 10
 _CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
+_UUID_CHECKPOINT_NAME = re.compile(r"^(\d{20})\.checkpoint\.([0-9A-Fa-f-]{36})\.(?:json|parquet)$")
+SIDECAR_DIR = "_sidecars"
+_UNSUPPORTED_FEATURE = re.compile(r"Feature '([^']+)' is not supported")
 _UNREADABLE_ROOT_CHARS = ("[", "]", "%")
 """deltalake 1.6 reads these in a table root as URL syntax (IPv6 brackets, percent escapes) and fails."""
 
@@ -171,9 +178,32 @@ def _open_table(root: str, version: int | None) -> DeltaTable:
     except DeltaProtocolError as exc:
         raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
     except RsDeltaError as exc:
+        unsupported = _UNSUPPORTED_FEATURE.search(str(exc))
+        if "catalog-managed" in str(exc).lower() or unsupported:
+            # deltalake refuses to open these; say which feature and why, as the protocol gate would.
+            name = unsupported.group(1) if unsupported else _catalog_feature(root)
+            row = feature_row(name)
+            raise UnsupportedTableFeatureError(
+                f"Table protocol requires Delta feature {name!r}, which this engine does not implement: it "
+                f"cannot read such a table ({root}). {row.notes if row else 'The engine does not know the feature.'}"
+            ) from exc
         if version is not None and "version" in str(exc).lower():
             raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
         raise DeltaError(f"Cannot read table {root}: {exc}") from exc
+
+
+def _catalog_feature(root: str) -> str:
+    """The name the table's newest commit with a protocol gives its catalog feature (catalogManaged, or its
+    preview name)."""
+    log_dir = os.path.join(root, "_delta_log")
+    commits = sorted((n for n in os.listdir(log_dir) if _COMMIT_NAME.match(n)), reverse=True)
+    for name in commits:
+        with open(os.path.join(log_dir, name), encoding="utf-8") as handle:
+            for line in handle:
+                if '"protocol"' in line:
+                    listed = json.loads(line)["protocol"].get("readerFeatures") or []
+                    return next((f for f in listed if f.startswith("catalog")), "catalogManaged")
+    return "catalogManaged"
 
 
 def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:
@@ -211,13 +241,21 @@ def _replay_deletion_vectors(root: str, version: int) -> dict[str, tuple[Deletio
 
 
 def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
-    """(version, part file names) of the newest complete classic checkpoint at or before ``version``."""
+    """(version, part file names) of the newest complete checkpoint at or before ``version``: classic, multi-part
+    or UUID-named (a V2 checkpoint, PROTOCOL.md "UUID-named checkpoint")."""
     found: dict[tuple[int, int], list[str]] = {}
     for name in names:
         m = _CHECKPOINT_NAME.match(name)
         if m and int(m.group(1)) <= version:
             found.setdefault((int(m.group(1)), int(m.group(3) or 1)), []).append(name)
     complete = [(v, n) for (v, n), parts in found.items() if len(parts) == n]
+    uuid_named = sorted(
+        (int(m.group(1)), name)
+        for name in names
+        if (m := _UUID_CHECKPOINT_NAME.match(name)) and int(m.group(1)) <= version
+    )
+    if uuid_named and (not complete or uuid_named[-1][0] > max(complete)[0]):
+        return uuid_named[-1][0], [uuid_named[-1][1]]
     if not complete:
         return -1, []
     best = max(complete)
@@ -225,11 +263,35 @@ def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
 
 
 def _replay_checkpoint(path: str, live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
+    """The file actions of one checkpoint file: its own ``add`` rows and, in a V2 checkpoint, those of the
+    sidecar files its ``sidecar`` actions name (PROTOCOL.md "V2 Spec")."""
+    sidecars: list[Mapping[str, Any]] = []
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                if "sidecar" in action:
+                    sidecars.append(action["sidecar"])
+                elif "add" in action:
+                    _apply(action, live)
+    else:
+        columns = pq.read_schema(path).names
+        wanted = [c for c in ("add", "sidecar") if c in columns]
+        table = pq.read_table(path, columns=wanted)
+        for add in table.column("add").to_pylist() if "add" in wanted else []:
+            if add:
+                _apply({"add": add}, live)
+        sidecars = [s for s in table.column("sidecar").to_pylist() if s] if "sidecar" in wanted else []
+    for sidecar in sidecars:
+        _replay_checkpoint(_sidecar_path(os.path.dirname(path), str(sidecar["path"])), live)
 
-    adds = pq.read_table(path, columns=["add"]).column("add").to_pylist()
-    for add in adds:
-        if add:
-            _apply({"add": add}, live)
+
+def _sidecar_path(log_dir: str, path: str) -> str:
+    """A sidecar file lives in ``_delta_log/_sidecars``; its action names it by file name (or a URI there)."""
+    name = unquote(path).rsplit("/", 1)[-1]
+    return os.path.join(log_dir, SIDECAR_DIR, name)
 
 
 def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
@@ -277,7 +339,11 @@ def _check_deletion_vector_paths(files: Sequence[AddFile], root: str, scope: Rea
 def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) -> tuple[AddFile, ...]:
     table = pa.table(dt.get_add_actions(flatten=False))
     part_types = {c: (_field(schema, c) or T.StringType()) for c in partition_columns}
-    leaves = list(leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types])))
+    leaves = [
+        (path, dtype)
+        for path, dtype in leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types]))
+        if not _type_changed(schema, path)
+    ]
     rows = table.to_pylist()
     files = []
     for row in rows:
@@ -302,6 +368,14 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
             )
         )
     return tuple(files)
+
+
+def _type_changed(schema: T.StructType, path: tuple[str, ...]) -> bool:
+    """Whether a field on the path had its type widened: files written before the change hold its minimum and
+    maximum in the old type, so they are not used for data skipping."""
+    return any(
+        has_type_changes(f.metadata) for depth in range(1, len(path) + 1) if (f := field_at(schema, path[:depth]))
+    )
 
 
 def _field(schema: T.StructType, name: str) -> T.DataType | None:

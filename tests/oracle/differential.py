@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.table import TableFeatures
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from engine import DeleteAction, InsertAction, MergeClause, MergeResult, run_merge
 from engine.errors import MultipleMatchError
-from tests.engine.harness import make_spec, rows, write_table
+from tests.engine.harness import make_spec, write_table
 from tests.oracle.tables import commit_info, latest_version, table_ref
 
 INTENDED_DIFFERENCES = frozenset(
@@ -72,6 +74,8 @@ class Side:
     version: int | None = None
     metrics: dict[str, str] | None = None
     error: Exception | None = None
+    start_version: int = 0
+    """The table's version before the merge."""
 
     @property
     def multiple_match(self) -> bool:
@@ -123,12 +127,23 @@ def prepare_copies(
     *,
     partition_by: Sequence[str] | None = None,
     configuration: dict[str, str] | None = None,
+    features: Sequence[TableFeatures] = (),
 ) -> tuple[Side, Side, Path]:
-    """The target written once (by deltalake) and copied, so both merges start from the same files."""
+    """The target written once (by deltalake, ``features`` then added to its protocol) and copied, so both merges
+    start from the same files."""
     ours = write_table(tmp / "ours", target, partition_by=partition_by, configuration=configuration)
+    if features:
+        DeltaTable(str(ours)).alter.add_feature(list(features), allow_protocol_versions_increase=True)
     theirs = tmp / "theirs"
     shutil.copytree(ours, theirs)
-    return Side(ours), Side(theirs), write_table(tmp / "source", source)
+    start = latest_version(ours)
+    return Side(ours, start_version=start), Side(theirs, start_version=start), write_table(tmp / "source", source)
+
+
+def delta_rows(delta_spark: SparkSession, path: Path, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The table's rows as Delta on Spark reads them, sorted as ``rows`` sorts them."""
+    got = delta_spark.read.format("delta").load(str(path)).select(*(f"`{c}`" for c in columns)).collect()
+    return sorted((tuple(r) for r in got), key=lambda r: tuple((v is not None, str(v)) for v in r))
 
 
 def changes(delta_spark: SparkSession, side: Side, columns: Sequence[str]) -> list[tuple[Any, ...]]:
@@ -154,10 +169,12 @@ def assert_same(
     assert (ours.error is None) == (theirs.error is None), (ours.error, theirs.error)
     if ours.error is not None:
         assert ours.multiple_match and theirs.multiple_match
-        assert latest_version(ours.path) == latest_version(theirs.path) == 0
+        assert latest_version(ours.path) == ours.start_version
+        assert latest_version(theirs.path) == theirs.start_version
         return
     assert ours.result == theirs.result
-    assert rows(ours.path, columns) == rows(theirs.path, columns)
+    # Delta reads both: deltalake does not read every table feature (v2Checkpoint).
+    assert delta_rows(delta_spark, ours.path, columns) == delta_rows(delta_spark, theirs.path, columns)
     assert ours.version == theirs.version
     if theirs.metrics is None:
         return

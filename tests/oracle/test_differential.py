@@ -11,7 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from deltalake.table import TableFeatures
 from hypothesis import given, note
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from tests.engine.harness import find_plan, join_plan
@@ -21,6 +23,14 @@ from tests.oracle.differential import assert_same, prepare_copies, run_delta, ru
 
 EXAMPLES = int(os.environ.get("MERGE_DELTA_RANDOM_EXAMPLES", "10"))
 CDF = {"delta.enableChangeDataFeed": "true"}
+
+RANDOM_FEATURES: dict[str, tuple[dict[str, str], tuple[TableFeatures, ...]]] = {
+    "changeDataFeed": (CDF, ()),
+    "deletionVectors": ({"delta.enableDeletionVectors": "true"}, ()),
+    "v2Checkpoint": ({"delta.checkpointInterval": "2"}, (TableFeatures.V2Checkpoint,)),
+}
+"""Table features the engine merges into that deltalake can give a table: the properties and protocol features
+each adds. v2Checkpoint comes with a checkpoint every other version, so the engine's merge writes one."""
 
 LAYOUTS = {
     "plain": (None, None),
@@ -49,24 +59,28 @@ _counter = itertools.count()
 
 
 @random_merge_settings(EXAMPLES)
-@given(case=merges())
+@given(case=merges(), features=st.sets(st.sampled_from(sorted(RANDOM_FEATURES)), max_size=2))
 def test_random_merges_match_delta(
-    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: dict[str, Any]
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: dict[str, Any], features: set[str]
 ) -> None:
-    """Random merges (the engine's own generator, with its forced join and findTouchedFiles plans), half of them
-    on Change Data Feed tables. Where several source rows match one target row both must fail, unless those rows
-    lie in files data skipping may leave unread (then whether a merge sees them is each engine's own)."""
+    """Random merges (the engine's own generator, with its forced join and findTouchedFiles plans) on tables with
+    table features drawn at random (``RANDOM_FEATURES``). Where several source rows match one target row both
+    must fail, unless those rows lie in files data skipping may leave unread (then whether a merge sees them is
+    each engine's own)."""
     clauses: list[ModelClause] = case["clauses"]
     note(f"clauses: {[(c.kind, c.action, c.cond.sql if c.cond else None, c.assign_sql) for c in clauses]}")
+    note(f"table features: {sorted(features)}")
     columns, types = case["columns"], case["types"]
-    cdf = len(case["target"]) % 2 == 0
+    cdf = "changeDataFeed" in features
+    configuration = {k: v for name in sorted(features) for k, v in RANDOM_FEATURES[name][0].items()}
     root = tmp_path / f"case{next(_counter)}"
     ours, theirs, src = prepare_copies(
         root,
         to_arrow(case["target"], columns, types),
         to_arrow(case["source"], columns, types),
         partition_by=["p"] if case["partitioned"] else None,
-        configuration=CDF if cdf else None,
+        configuration=configuration or None,
+        features=[f for name in sorted(features) for f in RANDOM_FEATURES[name][1]],
     )
     engine_clauses = [c.engine_clause() for c in clauses]
     plans = (join_plan(broadcast=case["broadcast"], key_bitmap=case["key_bitmap"]), find_plan(case["find_plan"]))

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.delta import Protocol, Transaction, check_can_modify, check_supported, load_snapshot
+from engine.delta import Protocol, Transaction, check_can_modify, check_readable, check_supported, load_snapshot
 from engine.delta.deletion_vectors import inline_descriptor
-from engine.delta.features import check_protocol_and_metadata
+from engine.delta.feature_table import FEATURES, READER_WRITER, Support, markdown
+from engine.delta.features import check_protocol_and_metadata, main
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
 from .util import write_log_entry
@@ -119,15 +120,75 @@ def test_append_only(lake: Path) -> None:
         "inCommitTimestamp",
         "clustering",
         "icebergCompatV2",
-        "vacuumProtocolCheck",
-        "v2Checkpoint",
-        "typeWidening",
+        "catalogManaged",
+        "catalogOwned-preview",
+        "variantShredding",
         "someFutureFeature",
     ],
 )
 def test_features_we_do_not_implement(lake: Path, feature: str) -> None:
-    readers = (feature,) if feature in ("v2Checkpoint", "typeWidening", "vacuumProtocolCheck") else ()
+    row = next((f for f in FEATURES if f.name == feature), None)
+    readers = (feature,) if row is not None and row.kind == READER_WRITER else ()
     _refused(_hand_made(lake, _features("appendOnly", feature, reader=readers)), feature)
+
+
+def test_a_refusal_gives_the_reason() -> None:
+    path_protocol = Protocol(3, 7, ("catalogManaged", "vacuumProtocolCheck"), ("catalogManaged", "vacuumProtocolCheck"))
+    with pytest.raises(UnsupportedTableFeatureError) as refused:
+        check_protocol_and_metadata(path_protocol, _metadata())
+    assert "'catalogManaged'" in str(refused.value)
+    assert "commits must go through its catalog" in str(refused.value)
+
+
+def _metadata(**configuration: str) -> Any:
+    from engine.delta import Metadata
+
+    return Metadata(id=str(uuid.uuid4()), schema_string=_schema(), configuration=configuration)
+
+
+def test_vacuum_protocol_check_is_accepted(lake: Path) -> None:
+    """It concerns VACUUM only (PROTOCOL.md "VACUUM Protocol Check"), which the engine never runs."""
+    features = _features("vacuumProtocolCheck", "checkpointProtection", reader=("vacuumProtocolCheck",))
+    snapshot = load_snapshot(_hand_made(lake, features))
+    check_supported(snapshot)
+    Transaction(snapshot)
+
+
+def test_writer_features_never_stop_a_read(lake: Path) -> None:
+    """A reader implements ``readerFeatures`` only: a source table with row tracking is read, not merged into."""
+    path = _hand_made(
+        lake,
+        _features("rowTracking", "domainMetadata", "someFutureWriterFeature"),
+        configuration={"delta.enableRowTracking": "true"},
+    )
+    snapshot = load_snapshot(path)
+    check_readable(snapshot)
+    with pytest.raises(UnsupportedTableFeatureError, match="rowTracking"):
+        check_supported(snapshot)
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'someFuture'.*cannot read"):
+        check_readable(load_snapshot(_hand_made(lake, _features("someFuture", reader=("someFuture",)))))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'catalogManaged'.*cannot read"):
+        check_readable(load_snapshot(_hand_made(lake, _features("catalogManaged", reader=("catalogManaged",)))))
+    coordinated = load_snapshot(_hand_made(lake, _features("coordinatedCommits-preview")))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"coordinatedCommits-preview.*cannot read"):
+        check_readable(coordinated)
+
+
+def test_the_feature_table_names_each_feature_once_with_a_reason() -> None:
+    names = [f.name for f in FEATURES]
+    assert len(names) == len(set(names))
+    for f in FEATURES:
+        assert f.notes.strip()
+        # A feature merged into is read; one refused for reading is refused for merging.
+        assert not (f.merge is Support.YES and f.read is not Support.YES), f.name
+        assert not (f.read is Support.NO and f.merge is not Support.NO), f.name
+
+
+def test_docs_matrix_is_generated_from_the_feature_table(capsys: pytest.CaptureFixture[str]) -> None:
+    docs = Path(__file__).resolve().parents[3] / "docs" / "features.md"
+    assert docs.read_text() == markdown(), "docs/features.md is stale: python -m engine.delta.features --markdown"
+    assert main(["--markdown"]) == 0
+    assert capsys.readouterr().out == markdown()
 
 
 def test_variant_type_is_refused_only_when_a_column_is_a_variant(lake: Path) -> None:
@@ -137,7 +198,9 @@ def test_variant_type_is_refused_only_when_a_column_is_a_variant(lake: Path) -> 
     schema = json.dumps(
         {"type": "struct", "fields": [{"name": "v", "type": "variant", "nullable": True, "metadata": {}}]}
     )
-    _refused(_hand_made(lake, features, schema=schema), "variantType")
+    variant = _hand_made(lake, features, schema=schema)
+    _refused(variant, "variantType")
+    check_readable(load_snapshot(variant))  # Spark reads VARIANT; it would write it shredded
 
 
 def _legacy(writer: int, reader: int = 1) -> dict[str, Any]:
@@ -152,6 +215,15 @@ def _legacy(writer: int, reader: int = 1) -> dict[str, Any]:
         (_legacy(2), {"schema": _schema(**{"delta.invariants": '{"expression": {"expression": "id > 0"}}'})}),
         (_legacy(3), {"configuration": {"delta.constraints.small": "id < 10"}}),
         (_legacy(4), {"schema": _schema(**{"delta.generationExpression": "1"})}),
+        # Identity columns are generated by every write (test_features_identity.py).
+        (
+            _legacy(6),
+            {
+                "schema": _schema(
+                    **{"delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False}
+                )
+            },
+        ),
     ],
 )
 def test_legacy_protocols_are_accepted_where_the_engine_honours_what_the_table_uses(
@@ -168,11 +240,6 @@ def test_legacy_protocols_are_accepted_where_the_engine_honours_what_the_table_u
         # Row rules that cannot be enforced are refused rather than skipped.
         (_legacy(2), {"delta.invariants": '{"rule": "id > 0"}'}, "invariant this engine"),
         (_legacy(2), {"__CHAR_VARCHAR_TYPE_STRING": "array<varchar(3)>"}, "CHAR/VARCHAR"),
-        (
-            _legacy(6),
-            {"delta.identity.start": 1, "delta.identity.step": 1, "delta.identity.allowExplicitInsert": False},
-            "identityColumns",
-        ),
     ],
 )
 def test_legacy_protocols_are_refused_where_the_table_uses_what_the_engine_cannot_honour(
