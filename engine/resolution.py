@@ -26,9 +26,9 @@ from sqlglot import exp
 
 from engine.assignments import assigned_values
 from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
-from engine.delta.identity import identity_columns
 from engine.errors import MergeResolutionError
 from engine.expressions import parse_expression, quote_identifier, sql
+from engine.identity_values import identity_values
 from engine.merge_condition import MergeCondition
 from engine.schema_evolution import evolved_schema
 from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
@@ -278,7 +278,7 @@ class Resolver:
             else:
                 values.append(value)
                 given.add(key)
-        self._identity_values(clause, index, out_fields, values, given, where)
+        self.identity_generated |= identity_values(self.spec, clause, index, out_fields, values, given, where)
         # Delta's generated columns: a clause that gives one no value computes it from the row's new values
         # (the write then checks any value given against the expression).
         for i, f in enumerate(out_fields):
@@ -288,36 +288,6 @@ class Resolver:
                     True,
                 )
         return values
-
-    def _identity_values(
-        self,
-        clause: MergeClause,
-        index: int,
-        out_fields: list[StructField],
-        values: list[tuple[str, bool]],
-        given: set[str],
-        where: str,
-    ) -> None:
-        """Delta's rules for identity columns: never updated; an INSERT that gives one no value generates it, one
-        that gives a value needs ``delta.identity.allowExplicitInsert``."""
-        identities = identity_columns(StructType(out_fields))
-        for i, f in enumerate(out_fields):
-            column = identities.get(f.name.lower())
-            if column is None:
-                continue
-            if isinstance(clause.action, UpdateAction):
-                if f.name.lower() in given:
-                    raise MergeResolutionError(
-                        f"{where}: UPDATE on IDENTITY column {f.name} is not supported.", field=where
-                    )
-            elif f.name.lower() not in given:
-                values[i] = (column.generated_values_sql(max(1, len(self.spec.not_matched)), index), True)
-                self.identity_generated.add(f.name)
-            elif not column.allow_explicit_insert:
-                raise MergeResolutionError(
-                    f"{where}: Providing values for GENERATED ALWAYS AS IDENTITY column {f.name} is not supported.",
-                    field=where,
-                )
 
     def _star_value(
         self, f: StructField, is_update: bool, generated: bool, default: tuple[str, bool], where: str
