@@ -33,6 +33,10 @@ IMPLEMENTED_FEATURES = frozenset(
         "generatedColumns",
         "allowColumnDefaults",
         "deletionVectors",
+        "rowTracking",
+        "domainMetadata",
+        "clustering",
+        "inCommitTimestamp",
     }
 )
 """Features whose rules this layer follows."""
