@@ -114,10 +114,6 @@ def test_append_only(lake: Path) -> None:
 @pytest.mark.parametrize(
     "feature",
     [
-        "rowTracking",
-        "domainMetadata",
-        "inCommitTimestamp",
-        "clustering",
         "icebergCompatV2",
         "vacuumProtocolCheck",
         "v2Checkpoint",

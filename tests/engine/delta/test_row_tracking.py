@@ -16,6 +16,7 @@ from engine import delta
 from engine.delta import AddFile, FileStats
 from engine.delta.actions import DomainMetadata
 from engine.delta.errors import ConcurrentDomainMetadataError
+from engine.delta.features import check_protocol_and_metadata
 from engine.errors import DeltaError
 
 ROWS = 4
@@ -94,6 +95,13 @@ def _marks(actions: list[dict[str, Any]]) -> list[int]:
         for a in actions
         if "domainMetadata" in a and a["domainMetadata"]["domain"] == "delta.rowTracking"
     ]
+
+
+@pytest.mark.parametrize("feature", ["rowTracking", "domainMetadata", "clustering", "inCommitTimestamp"])
+def test_the_protocol_gate_accepts_the_features(lake: Path, feature: str) -> None:
+    snapshot = delta.load_snapshot(str(_table(lake)))
+    protocol = delta.Protocol(3, 7, (), ("appendOnly", "domainMetadata", feature))
+    check_protocol_and_metadata(protocol, snapshot.metadata)
 
 
 def test_snapshot_knows_domains_and_row_ids(lake: Path) -> None:
