@@ -290,7 +290,8 @@ class Transaction:
             )
             if mark != self._high_water_mark:
                 domains.append(row_tracking.high_water_mark_domain(mark))
-            files = [*adds, *(a for a in files if not isinstance(a, AddFile))]
+            assigned = iter(adds)
+            files = [next(assigned) if isinstance(a, AddFile) else a for a in files]
         lines.extend(d.to_action() for d in domains)
         lines.extend(a.to_action() for a in files)
         return actions_to_json_lines(lines)
