@@ -160,16 +160,17 @@ def _assert_rows_by_delta_rs(path: Path, expected: Mapping[int, str]) -> None:
 
 
 def _row_tracked_table(delta_spark: SparkSession, path: Path, properties: Mapping[str, str]) -> Path:
-    """Ten rows in two files, then Delta's UPDATE of two of them: their row ids are materialized."""
+    """Thirty rows, then five more in another commit, then Delta's UPDATE of two of them: their row ids are
+    materialized. Enough rows per file that a merge touching a few leaves each touched file with live rows."""
     make_delta_table(
         delta_spark,
         path,
         DDL,
-        [(i, f"v{i}") for i in range(5)],
+        [(i, f"v{i}") for i in range(30)],
         properties={**ROW_TRACKING, **properties},
         then_sql=[
-            "INSERT INTO {table} VALUES (5, 'v5'), (6, 'v6'), (7, 'v7'), (8, 'v8'), (9, 'v9')",
-            "UPDATE {table} SET v = 'u' || v WHERE id IN (3, 8)",
+            "INSERT INTO {table} VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(30, 35)),
+            "UPDATE {table} SET v = 'u' || v WHERE id IN (3, 33)",
         ],
     )
     return path
@@ -191,8 +192,8 @@ def test_merge_preserves_row_ids(
     path = _row_tracked_table(delta_spark, tmp_path / "rt", properties)
     before = _ids(delta_spark, path)
     mark = _high_water_mark(path)
-    source = [{"id": 3, "v": "new3"}, {"id": 5, "v": "new5"}, {"id": 6, "v": "gone"}, {"id": 20, "v": "v20"}]
-    source += [{"id": 21, "v": "v21"}]
+    source = [{"id": 3, "v": "new3"}, {"id": 5, "v": "new5"}, {"id": 6, "v": "gone"}]
+    source += [{"id": 100, "v": "v100"}, {"id": 101, "v": "v101"}]
     version = _upsert(spark, path, source, deletion_vectors=deletion_vectors)
 
     after = _ids(delta_spark, path)
@@ -200,21 +201,22 @@ def test_merge_preserves_row_ids(
         **{i: v for i, (_, _, v) in before.items() if i != 6},
         3: "new3",
         5: "new5",
-        20: "v20",
-        21: "v21",
+        100: "v100",
+        101: "v101",
     }
     for i in (3, 5):  # updated: same row id, the merge's version
         assert after[i][:2] == (before[i][0], version)
-    for i in (0, 1, 2, 4, 7, 8, 9):  # copied (or left in place): both kept
+    for i in set(before) - {3, 5, 6}:  # copied (or left in place): both kept
         assert after[i][:2] == before[i][:2]
-    fresh = [after[i][0] for i in (20, 21)]
-    assert min(fresh) > mark and all(after[i][1] == version for i in (20, 21))
+    fresh = [after[i][0] for i in (100, 101)]
+    assert min(fresh) > mark and all(after[i][1] == version for i in (100, 101))
     assert len({row_id for row_id, _, _ in after.values()}) == len(after)
     assert commit_info(path, version)["tags"]["delta.rowTracking.preserved"] == "true"
     check_writer_requirements(path, version)
     if deletion_vectors == "auto":
         adds = [a["add"] for a in log_actions(path, version) if "add" in a]
-        assert any(a.get("deletionVector") for a in adds)
+        assert any(a.get("deletionVector") for a in adds), [a["path"] for a in adds]
+        assert commit_info(path, version)["operationMetrics"]["numTargetRowsCopied"] == "0"
     _assert_rows_by_delta_rs(path, {i: v for i, (_, _, v) in after.items()})
     _delta_follows(delta_spark, path)
 
@@ -222,7 +224,10 @@ def test_merge_preserves_row_ids(
 def test_insert_only_merge_assigns_fresh_row_ids(
     spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
 ) -> None:
-    path = _row_tracked_table(delta_spark, tmp_path / "rt", {})
+    """On a table whose log Delta checkpointed: the high-water mark and the files' row ids come from the
+    checkpoint."""
+    path = _row_tracked_table(delta_spark, tmp_path / "rt", {"delta.checkpointInterval": "2"})
+    assert list((path / "_delta_log").glob("*.checkpoint.parquet"))
     before = _ids(delta_spark, path)
     mark = _high_water_mark(path)
     spec = MergeSpec(
