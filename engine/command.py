@@ -20,7 +20,7 @@ from sqlglot import exp
 
 from engine import delta
 from engine.context import MergeContext
-from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot
+from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot, row_tracking
 from engine.delta import write as delta_write
 from engine.delta.identity import with_high_water_marks
 from engine.delta.type_widening import type_widening_enabled
@@ -180,6 +180,7 @@ class MergeIntoCommand:
             source_rows_estimate=self._source_rows_estimate(),
             source_key_ranges=dict(self._source_keys.ranges),
             write_deletion_vectors=self._writes_deletion_vectors(snapshot),
+            row_tracking_columns=row_tracking.materialized_columns(snapshot.protocol, snapshot.metadata),
         )
         self._ctx = ctx
         readded: list[AddFile] = []
@@ -363,6 +364,12 @@ class MergeIntoCommand:
         actions += list(added)
         self.on_progress("committing")
         metrics = {k: str(self.metrics[k]) for k in COMMIT_METRICS}
+        # Updated and copied rows keep their stable row ids, copied rows their commit versions (write_files).
+        tags = (
+            {row_tracking.PRESERVED_TAG: "true"}
+            if row_tracking.is_enabled(snapshot.protocol, snapshot.metadata)
+            else None
+        )
         try:
             version = transaction.commit(
                 actions,
@@ -370,6 +377,7 @@ class MergeIntoCommand:
                 operation_parameters=self._operation_parameters(),
                 operation_metrics=metrics,
                 is_blind_append=False,
+                tags=tags,
             )
         except CommitStateUnknownError:
             self._outcome_unknown = True

@@ -56,13 +56,18 @@ class MergeContext:
     key_bitmap: KeyBitmap | None = None
     write_deletion_vectors: bool = False
     """Merge-on-read: updated and deleted target rows are marked in deletion vectors; no row is copied."""
+    row_tracking_columns: tuple[str, str] | None = None
+    """The table's materialized row id and row commit version columns when its row tracking is enabled: the
+    rewrite preserves the stable row ids of updated and copied rows, and the commit versions of copied ones."""
 
     @property
     def output_names(self) -> list[str]:
         return [f.name for f in self.resolved.output_fields]
 
-    def target_df(self, files: Sequence[AddFile], *, file_columns: bool = True) -> DataFrame:
-        return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns)
+    def target_df(
+        self, files: Sequence[AddFile], *, file_columns: bool = True, row_tracking: bool = False
+    ) -> DataFrame:
+        return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns, row_tracking=row_tracking)
 
     def release(self) -> None:
         """Free what the merge cached on the Spark server."""

@@ -288,7 +288,9 @@ class ClassicMergeExecutor:
         """The touched files and the source for writeAllChanges' join, each marked present, with the row indexes
         Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal)."""
         ctx = self.ctx
-        target = ctx.target_df(ctx.touched_files, file_columns=file_columns)
+        target = ctx.target_df(
+            ctx.touched_files, file_columns=file_columns, row_tracking=ctx.row_tracking_columns is not None
+        )
         target = target.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         dedup_columns: list[str] = []

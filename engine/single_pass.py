@@ -79,6 +79,8 @@ def takes_single_pass(ctx: MergeContext) -> bool:
     spec = ctx.spec
     if ctx.write_deletion_vectors:
         return False  # The single pass rewrites whole files; a deletion-vector merge writes only changed rows.
+    if ctx.row_tracking_columns is not None:
+        return False  # Its plans read the target without the rows' files and indexes, which stable row ids need.
     if not ctx.candidate_files or delta.known_num_records(ctx.candidate_files) is None:
         return False
     if spec.not_matched_by_source:

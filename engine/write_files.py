@@ -17,6 +17,7 @@ from engine.context import MergeContext, observe
 from engine.delta import AddCDCFile, AddFile
 from engine.errors import MergeExecutionError
 from engine.expressions import quote_identifier
+from engine.join_keys import qualified_column
 from engine.output import (
     ACTION_COL,
     CDC_TYPE_COL,
@@ -85,11 +86,21 @@ def _project(
         cdc=cdc,
     )
     preimages = preimage_names(len(tcols)) if cdc else []
+    # The target row's stable row id and commit version ride along for the materialized columns.
+    tracking = (
+        [
+            F.col(qualified_column(spec.target_alias, c)).alias(c)
+            for c in (delta.ROW_ID_COL, delta.ROW_COMMIT_VERSION_COL)
+        ]
+        if ctx.row_tracking_columns is not None
+        else []
+    )
     projected = joined.select(
         *output_cols,
         *[c.alias(n) for c, n in zip(tcols, preimages, strict=False)],
         *dedup_columns,
         *extra,
+        *tracking,
     )
     projected = repartition_for_write(ctx, projected)
     # Only the actions some clause can take are counted: each count is an aggregate on every output row.
@@ -167,19 +178,30 @@ def write_output(
 ) -> WrittenFiles:
     """The output rows written, less the dropped ones; with Change Data Feed, with their change rows. Without
     ``copies`` the target rows no clause changed are left out of the data (they stay live in their files)."""
+    rows, written_names = with_materialized_row_tracking(ctx, rows)
+    tracked = len(written_names) > len(ctx.output_names)
     if not ctx.cdc_enabled:
         kept = ~F.col(ROW_DROPPED_COL)
         if not copies:
             kept = kept & (F.col(ACTION_COL) != action(COPY))
-        output = rows.where(kept).select(*[quote_identifier(n) for n in ctx.output_names])
-        return delta.write_data_files(ctx.spark, output, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)), []
-    names = [*ctx.output_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
+        output = rows.where(kept).select(*[quote_identifier(n) for n in written_names])
+        added = delta.write_data_files(
+            ctx.spark,
+            output,
+            ctx.snapshot,
+            write_id=write_id,
+            schema=output_schema(ctx),
+            materialized_row_tracking=tracked,
+        )
+        return added, []
+    names = [*written_names, ROW_DROPPED_COL, ACTION_COL, CDC_TYPE_COL]
+    no_preimage = [F.lit(None).cast("long")] * (len(written_names) - len(ctx.output_names))
     changes = (
         generate_cdc_and_output_rows(
             rows,
             [F.col(quote_identifier(n)) for n in names],
-            ctx.output_names,
-            [F.col(n) for n in preimages],
+            written_names,
+            [*(F.col(n) for n in preimages), *no_preimage],
             dedup_columns,
         )
         .where(~F.col(ROW_DROPPED_COL) & (F.lit(copies) | ~_copied_data_row()))
@@ -187,8 +209,31 @@ def write_output(
     )
     # Data and change rows come out of one pass and go out in one write (Delta's __is_cdc partition).
     return delta.write_data_and_cdc_files(
-        ctx.spark, changes, ctx.snapshot, write_id=write_id, schema=output_schema(ctx)
+        ctx.spark,
+        changes,
+        ctx.snapshot,
+        write_id=write_id,
+        schema=output_schema(ctx),
+        materialized_row_tracking=tracked,
     )
+
+
+def with_materialized_row_tracking(ctx: MergeContext, rows: DataFrame) -> tuple[DataFrame, list[str]]:
+    """Delta's MergeOutputGeneration with row tracking preserved: an updated row keeps its stable row id and
+    gets the new commit version (NULL: the new file's ``defaultRowCommitVersion``), a copied row keeps both,
+    an inserted row gets fresh ones (both NULL). Answers the rows with the materialized columns and the
+    names of the columns to write."""
+    if ctx.row_tracking_columns is None:
+        return rows, list(ctx.output_names)
+    row_id_name, version_name = ctx.row_tracking_columns
+    keeps_row_id = F.col(ACTION_COL).isin([action(c) for c in (COPY, MATCHED_UPDATE, NOT_MATCHED_BY_SOURCE_UPDATE)])
+    copied = F.col(ACTION_COL) == action(COPY)
+    rows = rows.select(
+        "*",
+        F.when(keeps_row_id, F.col(delta.ROW_ID_COL)).otherwise(F.lit(None).cast("long")).alias(row_id_name),
+        F.when(copied, F.col(delta.ROW_COMMIT_VERSION_COL)).otherwise(F.lit(None).cast("long")).alias(version_name),
+    )
+    return rows, [*ctx.output_names, row_id_name, version_name]
 
 
 def _copied_data_row() -> Column:

@@ -142,6 +142,9 @@ class RemoveFile:
     tags: Mapping[str, str] | None = None
     deletion_vector: DeletionVectorDescriptor | None = None
     """The vector of the logical file removed: readers and conflict checks tell file versions apart by it."""
+    base_row_id: int | None = None
+    default_row_commit_version: int | None = None
+    """Row tracking: a remove carries the ``baseRowId`` / ``defaultRowCommitVersion`` of the add it removes."""
 
     def __hash__(self) -> int:
         return hash(("remove", self.path))
@@ -160,6 +163,7 @@ class RemoveFile:
             body["tags"] = dict(self.tags)
         if self.deletion_vector is not None:
             body["deletionVector"] = self.deletion_vector.to_json()
+        _put_row_tracking(body, self.base_row_id, self.default_row_commit_version)
         return {"remove": body}
 
 
@@ -176,6 +180,12 @@ class AddFile:
     tags: Mapping[str, str] | None = None
     deletion_vector: DeletionVectorDescriptor | None = None
     """The rows of the data file that are logically deleted (None: every row is live)."""
+    base_row_id: int | None = None
+    """Row tracking: the fresh row id of the file's first row; row ``i`` of the file has ``baseRowId + i``."""
+    default_row_commit_version: int | None = None
+    """Row tracking: the version that first committed this path."""
+    clustering_provider: str | None = None
+    """Clustered tables: the clustering implementation that clustered this file (None: not clustered)."""
 
     def __hash__(self) -> int:
         return hash(("add", self.path))
@@ -205,6 +215,8 @@ class AddFile:
             size=self.size,
             tags=self.tags,
             deletion_vector=self.deletion_vector,
+            base_row_id=self.base_row_id,
+            default_row_commit_version=self.default_row_commit_version,
         )
 
     def to_action(self) -> dict[str, Any]:
@@ -221,7 +233,17 @@ class AddFile:
             body["tags"] = dict(self.tags)
         if self.deletion_vector is not None:
             body["deletionVector"] = self.deletion_vector.to_json()
+        _put_row_tracking(body, self.base_row_id, self.default_row_commit_version)
+        if self.clustering_provider is not None:
+            body["clusteringProvider"] = self.clustering_provider
         return {"add": body}
+
+
+def _put_row_tracking(body: dict[str, Any], base_row_id: int | None, default_row_commit_version: int | None) -> None:
+    if base_row_id is not None:
+        body["baseRowId"] = base_row_id
+    if default_row_commit_version is not None:
+        body["defaultRowCommitVersion"] = default_row_commit_version
 
 
 @dataclass(frozen=True)
@@ -362,7 +384,32 @@ class SetTransaction:
         return {"txn": body}
 
 
-Action = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction
+@dataclass(frozen=True)
+class DomainMetadata:
+    """The ``domainMetadata`` action: one named domain's configuration, or its tombstone (``removed``).
+    Domains named ``delta.*`` belong to the protocol's features; the others to users and applications."""
+
+    domain: str
+    configuration: str
+    removed: bool = False
+
+    @property
+    def is_system(self) -> bool:
+        return self.domain.startswith("delta.")
+
+    def to_action(self) -> dict[str, Any]:
+        return {"domainMetadata": {"domain": self.domain, "configuration": self.configuration, "removed": self.removed}}
+
+    @staticmethod
+    def from_action(body: Mapping[str, Any]) -> DomainMetadata:
+        return DomainMetadata(
+            domain=str(body["domain"]),
+            configuration=str(body.get("configuration") or ""),
+            removed=bool(body.get("removed", False)),
+        )
+
+
+Action = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | SetTransaction | DomainMetadata
 
 
 def known_num_records(files: Sequence[AddFile]) -> int | None:
@@ -387,6 +434,7 @@ __all__ = [
     "Action",
     "AddCDCFile",
     "AddFile",
+    "DomainMetadata",
     "FileStats",
     "Metadata",
     "Protocol",

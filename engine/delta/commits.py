@@ -9,7 +9,16 @@ from typing import Any
 
 from pyspark.sql import types as T
 
-from engine.delta.actions import AddCDCFile, AddFile, FileStats, Metadata, Protocol, RemoveFile, SetTransaction
+from engine.delta.actions import (
+    AddCDCFile,
+    AddFile,
+    DomainMetadata,
+    FileStats,
+    Metadata,
+    Protocol,
+    RemoveFile,
+    SetTransaction,
+)
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.errors import CorruptLogError
 
@@ -27,7 +36,8 @@ class CommitEntry:
     txns: tuple[SetTransaction, ...] = ()
     commit_info: Mapping[str, Any] | None = None
     other: tuple[str, ...] = ()
-    """Names of actions this layer does not model (domainMetadata, checkpointMetadata...)."""
+    """Names of actions this layer does not model (checkpointMetadata...)."""
+    domains: tuple[DomainMetadata, ...] = ()
 
 
 @dataclass
@@ -41,6 +51,7 @@ class _Reading:
     cdcs: list[AddCDCFile] = field(default_factory=list)
     txns: list[SetTransaction] = field(default_factory=list)
     other: list[str] = field(default_factory=list)
+    domains: list[DomainMetadata] = field(default_factory=list)
     metadata: Metadata | None = None
     protocol: Protocol | None = None
     commit_info: Mapping[str, Any] | None = None
@@ -62,6 +73,8 @@ class _Reading:
             self.txns.append(SetTransaction(body["appId"], int(body["version"]), body.get("lastUpdated")))
         elif kind == "commitInfo":
             self.commit_info = body
+        elif kind == "domainMetadata":
+            self.domains.append(DomainMetadata.from_action(body))
         else:
             self.other.append(kind)
 
@@ -76,6 +89,7 @@ class _Reading:
             tuple(self.txns),
             self.commit_info,
             tuple(self.other),
+            domains=tuple(self.domains),
         )
 
 
@@ -106,7 +120,14 @@ def _add(body: Mapping[str, Any], schema: T.StructType, dv: DeletionVectorDescri
         stats=FileStats.from_json(body.get("stats"), schema),
         tags=body.get("tags"),
         deletion_vector=dv,
+        base_row_id=_optional_int(body.get("baseRowId")),
+        default_row_commit_version=_optional_int(body.get("defaultRowCommitVersion")),
+        clustering_provider=body.get("clusteringProvider"),
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _remove(body: Mapping[str, Any], dv: DeletionVectorDescriptor | None) -> RemoveFile:
@@ -119,6 +140,8 @@ def _remove(body: Mapping[str, Any], dv: DeletionVectorDescriptor | None) -> Rem
         size=body.get("size"),
         tags=body.get("tags"),
         deletion_vector=dv,
+        base_row_id=_optional_int(body.get("baseRowId")),
+        default_row_commit_version=_optional_int(body.get("defaultRowCommitVersion")),
     )
 
 

@@ -7,6 +7,7 @@ from engine.errors import ConcurrentModificationError, DeltaError, InvariantViol
 
 __all__ = [
     "CommitRetriesExhaustedError",
+    "ConcurrentDomainMetadataError",
     "CorruptLogError",
     "InvalidWriteError",
     "InvariantViolationError",
@@ -28,6 +29,13 @@ class CommitRetriesExhaustedError(ConcurrentModificationError):
     """Every attempt lost the race to a commit that did not conflict; the table is busy. Retry later."""
 
     title = "Too many concurrent commits"
+
+
+class ConcurrentDomainMetadataError(ConcurrentModificationError):
+    """A commit that won the race set a metadata domain this commit sets too (PROTOCOL.md "Domain Metadata":
+    two overlapping transactions that both touch one domain conflict)."""
+
+    title = "Concurrent change of a metadata domain"
 
 
 class CorruptLogError(DeltaError):

@@ -75,19 +75,31 @@ FEATURES: tuple[TableFeature, ...] = (
         "rowTracking",
         WRITER,
         _Y,
-        _N,
-        "Refused: new files would need `baseRowId` and `defaultRowCommitVersion`, updated rows their row ids.",
+        _Y,
+        "New files get `baseRowId` and `defaultRowCommitVersion` above the `delta.rowTracking` high-water mark; "
+        "updated rows keep their row id (materialized columns) and take the commit's version, as Delta's MERGE does.",
     ),
-    TableFeature("domainMetadata", WRITER, _Y, _N, "Refused: the writer must keep domains and their conflict rules."),
     TableFeature(
-        "clustering", WRITER, _Y, _N, "Refused: needs domainMetadata, and the clustering columns' domain kept."
+        "domainMetadata",
+        WRITER,
+        _Y,
+        _Y,
+        "Domains are kept; two concurrent commits that set the same domain conflict.",
+    ),
+    TableFeature(
+        "clustering",
+        WRITER,
+        _Y,
+        _Y,
+        "The `delta.clustering` domain is kept; merged files carry statistics on the clustering columns but are not "
+        "clustered on write, as with Delta's MERGE (OPTIMIZE clusters them).",
     ),
     TableFeature(
         "inCommitTimestamp",
         WRITER,
         _Y,
-        _N,
-        "Refused: every commit would need a monotonic `inCommitTimestamp` in its commitInfo.",
+        _Y,
+        "When enabled, every commit's commitInfo comes first and carries a monotonic `inCommitTimestamp`.",
     ),
     TableFeature("timestampNtz", READER_WRITER, _Y, _Y, "TIMESTAMP_NTZ columns are read and written."),
     TableFeature(

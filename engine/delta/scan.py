@@ -12,6 +12,11 @@ vectors hold few rows (Spark turns each list into a hash set); beyond that each 
 of rows; and for vectors wider still an anti-join with a side table of (file number, row index) built from Arrow.
 A side table of many rows is slow: Spark Connect carries it in every plan built on the scan, and converts it at
 every analysis (about 2 s per 100,000 rows).
+
+On a table whose row tracking is enabled a scan can also give each row its stable row id and row commit version
+(``_row_id_``, ``_row_commit_version_``: the materialized columns where not NULL, else the file's ``baseRowId``
+plus the row's index and its ``defaultRowCommitVersion``), which a rewrite carries into the materialized
+columns of the files it writes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from engine.delta import row_tracking as rt
 from engine.delta.actions import AddFile
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
@@ -39,6 +45,11 @@ from engine.delta.values import parse_partition_value
 FILE_NAME_COL = "_file_name_"
 ROW_INDEX_COL = "_row_index_"
 FILE_PATH_COL = "_file_path_"
+ROW_ID_COL = "_row_id_"
+ROW_COMMIT_VERSION_COL = "_row_commit_version_"
+ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
+_BASE_ROW_ID_COL = "__delta_base_row_id"
+_DEFAULT_ROW_COMMIT_VERSION_COL = "__delta_default_row_commit_version"
 _LOCAL_PATH_COL = "__delta_local_path"
 _UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
@@ -76,13 +87,19 @@ FileColumns = Literal["name_and_row_index", "path", "none"]
 
 
 def scan_files(
-    spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], *, file_columns: bool = True
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files: Sequence[AddFile],
+    *,
+    file_columns: bool = True,
+    row_tracking: bool = False,
 ) -> DataFrame:
     """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
     ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
     evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
-    table is then a plain Parquet read."""
-    return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none")
+    table is then a plain Parquet read. With ``row_tracking`` (a table whose row tracking is enabled), the
+    stable ``_row_id_`` and ``_row_commit_version_`` of every row follow."""
+    return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none", row_tracking)
 
 
 def scan_files_with_path(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
@@ -107,24 +124,31 @@ def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable
     return [f for f in files if f.path in found]
 
 
-def _scan(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], file_columns: FileColumns) -> DataFrame:
+def _scan(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files: Sequence[AddFile],
+    file_columns: FileColumns,
+    row_tracking: bool = False,
+) -> DataFrame:
     unique = list({f.path: f for f in files}.values())
     with_vectors = [f for f in unique if f.deletion_vector is not None]
     if not with_vectors:
-        return _scan_stored(spark, snapshot, unique, file_columns)
+        return _scan_stored(spark, snapshot, unique, file_columns, row_tracking)
     live = _drop_deleted_rows(
-        spark, snapshot, _scan_stored(spark, snapshot, with_vectors, "name_and_row_index"), with_vectors
+        spark, snapshot, _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking), with_vectors
     )
     table_columns = [F.col(f"`{f.name}`") for f in snapshot.spark_schema.fields]
+    tracking = [F.col(c) for c in ROW_TRACKING_COLS] if row_tracking else []
     if file_columns == "none":
-        live = live.select(*table_columns)
+        live = live.select(*table_columns, *tracking)
     elif file_columns == "path":
         # files_at_paths maps log paths back as well as Spark's URIs.
-        live = live.select(*table_columns, F.col(FILE_NAME_COL).alias(FILE_PATH_COL))
+        live = live.select(*table_columns, F.col(FILE_NAME_COL).alias(FILE_PATH_COL), *tracking)
     without = [f for f in unique if f.deletion_vector is None]
     if not without:
         return live
-    return _scan_stored(spark, snapshot, without, file_columns).unionByName(live)
+    return _scan_stored(spark, snapshot, without, file_columns, row_tracking).unionByName(live)
 
 
 def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame, files: Sequence[AddFile]) -> DataFrame:
@@ -232,7 +256,11 @@ def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
 
 
 def _scan_stored(
-    spark: SparkSession, snapshot: Snapshot, unique: Sequence[AddFile], file_columns: FileColumns
+    spark: SparkSession,
+    snapshot: Snapshot,
+    unique: Sequence[AddFile],
+    file_columns: FileColumns,
+    row_tracking: bool = False,
 ) -> DataFrame:
     """The rows of distinct ``unique`` files as stored, deletion vectors not applied."""
     schema = snapshot.spark_schema
@@ -240,7 +268,9 @@ def _scan_stored(
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
     if not unique:
-        return _scan_nothing(spark, snapshot, file_columns)
+        return _scan_nothing(spark, snapshot, file_columns, row_tracking)
+    if row_tracking:
+        return _scan_with_row_tracking(spark, snapshot, unique, file_columns, partition_fields, data_schema)
     if not partition_fields:
         plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns)
         if plain is not None:
@@ -248,15 +278,16 @@ def _scan_stored(
     return _scan_by_mapped_paths(spark, snapshot, unique, partition_fields, data_schema, file_columns)
 
 
-def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileColumns) -> DataFrame:
+def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileColumns, row_tracking: bool) -> DataFrame:
     schema = snapshot.spark_schema
-    empty = spark.createDataFrame([], scan_schema(snapshot))
+    tracking = [T.StructField(c, T.LongType(), True) for c in ROW_TRACKING_COLS] if row_tracking else []
+    empty = spark.createDataFrame([], T.StructType([*scan_schema(snapshot).fields, *tracking]))
+    table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
+    tracking_columns = [F.col(c) for c in ROW_TRACKING_COLS] if row_tracking else []
     if file_columns == "path":
-        return empty.select(
-            *[F.col(quote_identifier(f.name)) for f in schema.fields], F.col(FILE_NAME_COL).alias(FILE_PATH_COL)
-        )
+        return empty.select(*table_columns, F.col(FILE_NAME_COL).alias(FILE_PATH_COL), *tracking_columns)
     if file_columns == "none":
-        return empty.select(*[F.col(quote_identifier(f.name)) for f in schema.fields])
+        return empty.select(*table_columns, *tracking_columns)
     return empty
 
 
@@ -346,3 +377,82 @@ def _scan_by_mapped_paths(
     if file_columns == "path":
         return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL))
     return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL))
+
+
+def _scan_with_row_tracking(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    unique: Sequence[AddFile],
+    file_columns: FileColumns,
+    partition_fields: Sequence[T.StructField],
+    data_schema: T.StructType,
+) -> DataFrame:
+    """The rows of ``unique`` with their stable row ids and row commit versions (PROTOCOL.md "Reader
+    Requirements for Row Tracking"): the materialized columns are read with the data (NULL where a file lacks
+    them), and each file's ``baseRowId`` and ``defaultRowCommitVersion`` are joined in by path with its
+    partition values."""
+    names = rt.materialized_columns(snapshot.protocol, snapshot.metadata)
+    if names is None:
+        raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
+    row_id_name, version_name = names
+    mapping_rows = []
+    for add in unique:
+        if add.base_row_id is None or add.default_row_commit_version is None:
+            raise DeltaError(
+                f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
+                "is enabled"
+            )
+        values = {k.lower(): v for k, v in add.partition_values.items()}
+        mapping_rows.append(
+            (
+                snapshot.file_path(add),
+                add.path,
+                add.base_row_id,
+                add.default_row_commit_version,
+                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+            )
+        )
+    mapping_schema = T.StructType(
+        [
+            T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(FILE_NAME_COL, T.StringType(), False),
+            T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
+            T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
+            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+        ]
+    )
+    read_schema = T.StructType(
+        [
+            *data_schema.fields,
+            T.StructField(row_id_name, T.LongType(), True),
+            T.StructField(version_name, T.LongType(), True),
+        ]
+    )
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(row[0]) for row in mapping_rows))
+    data = data.select(
+        *[F.col(quote_identifier(f.name)) for f in read_schema.fields],
+        F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(_LOCAL_PATH_COL),
+        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+    )
+    mapping = spark.createDataFrame(mapping_rows, mapping_schema)
+    joined = data.join(F.broadcast(mapping), on=_LOCAL_PATH_COL, how="left")
+    checked_name = F.when(
+        F.col(FILE_NAME_COL).isNull(),
+        F.raise_error(
+            F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "), F.col(_LOCAL_PATH_COL))
+        ),
+    ).otherwise(F.col(FILE_NAME_COL))
+    tracking = [
+        F.coalesce(F.col(quote_identifier(row_id_name)), F.col(_BASE_ROW_ID_COL) + F.col(ROW_INDEX_COL)).alias(
+            ROW_ID_COL
+        ),
+        F.coalesce(F.col(quote_identifier(version_name)), F.col(_DEFAULT_ROW_COMMIT_VERSION_COL)).alias(
+            ROW_COMMIT_VERSION_COL
+        ),
+    ]
+    table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
+    if file_columns == "none":
+        return joined.select(*table_columns, *tracking)
+    if file_columns == "path":
+        return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL), *tracking)
+    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *tracking)

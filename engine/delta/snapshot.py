@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
-from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.actions import AddFile, DomainMetadata, FileStats, Metadata, Protocol, parse_schema
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.feature_table import feature as feature_row
 from engine.delta.paths import ReadScope, normalize_table
@@ -61,6 +61,8 @@ class Snapshot:
     _table: Any = field(default=None, repr=False)
     lake_roots: tuple[str, ...] = ()
     """Directories beyond the table's own where its log may name files (the lake roots)."""
+    domains: Mapping[str, DomainMetadata] = field(default_factory=dict)
+    """The live metadata domains by name (PROTOCOL.md "Domain Metadata"; tombstones left out)."""
 
     @property
     def spark_schema(self) -> T.StructType:
@@ -141,8 +143,9 @@ def load_snapshot(
     schema = parse_schema(metadata.schema_string)
     files = _files(dt, schema, metadata.partition_columns)
     has_dvs = False
-    if "deletionVectors" in (protocol.reader_features or ()):
-        files = _with_deletion_vectors(files, root, int(dt.version()))
+    domains: dict[str, DomainMetadata] = {}
+    if _needs_log_replay(protocol):
+        files, domains = _with_log_replay(files, root, int(dt.version()))
         _check_deletion_vector_paths(files, root, ReadScope(root, lake_roots))
         has_dvs = any(f.deletion_vector is not None for f in files)
     return Snapshot(
@@ -155,6 +158,7 @@ def load_snapshot(
         has_deletion_vectors=has_dvs,
         _table=dt,
         lake_roots=tuple(lake_roots),
+        domains=domains,
     )
 
 
@@ -206,38 +210,74 @@ def _catalog_feature(root: str) -> str:
     return "catalogManaged"
 
 
-def _with_deletion_vectors(files: tuple[AddFile, ...], root: str, version: int) -> tuple[AddFile, ...]:
-    """``files`` with their deletion vector descriptors and ``tightBounds``. deltalake's add actions show
-    neither, so the log is replayed for them: the newest checkpoint at or before ``version``, then the commits
-    after it (PROTOCOL.md "Action Reconciliation": the last add or remove of a path wins)."""
+_REPLAYED_FEATURES = frozenset({"deletionVectors", "rowTracking", "domainMetadata", "clustering"})
+"""Features whose parts of the log deltalake does not show: deletion vectors and ``tightBounds``, the files'
+``baseRowId`` / ``defaultRowCommitVersion`` / ``clusteringProvider``, and the metadata domains."""
+
+
+def _needs_log_replay(protocol: Protocol) -> bool:
+    return bool(_REPLAYED_FEATURES & (set(protocol.reader_features or ()) | set(protocol.writer_features or ())))
+
+
+@dataclass
+class _Replay:
+    """What the log replay keeps: per live path its deletion vector and ``tightBounds`` and its row tracking
+    and clustering fields (the add's), and the live domains."""
+
+    live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]] = field(default_factory=dict)
+    file_fields: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    domains: dict[str, DomainMetadata] = field(default_factory=dict)
+
+
+def _with_log_replay(
+    files: tuple[AddFile, ...], root: str, version: int
+) -> tuple[tuple[AddFile, ...], dict[str, DomainMetadata]]:
+    """``files`` with their deletion vector descriptors, ``tightBounds``, row tracking and clustering fields,
+    and the table's metadata domains. deltalake's add actions show none of them, so the log is replayed for
+    them: the newest checkpoint at or before ``version``, then the commits after it (PROTOCOL.md "Action
+    Reconciliation": the last add or remove of a path wins, the last action of a domain wins)."""
     try:
-        replayed = _replay_deletion_vectors(root, version)
+        replayed = _replay_log(root, version)
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
-        raise DeltaError(f"Cannot read the deletion vectors of table {root}: {type(exc).__name__}") from exc
+        raise DeltaError(f"Cannot replay the log of table {root}: {type(exc).__name__}") from exc
     out = []
     for add in files:
-        descriptor, tight = replayed.get(add.path, (None, None))
+        descriptor, tight = replayed.live.get(add.path, (None, None))
         stats = add.stats if add.stats is None or tight is None else replace(add.stats, tight_bounds=tight)
-        out.append(replace(add, deletion_vector=descriptor, stats=stats))
-    return tuple(out)
+        extra = replayed.file_fields.get(add.path, {})
+        out.append(
+            replace(
+                add,
+                deletion_vector=descriptor,
+                stats=stats,
+                base_row_id=_optional_int(extra.get("baseRowId")),
+                default_row_commit_version=_optional_int(extra.get("defaultRowCommitVersion")),
+                clustering_provider=extra.get("clusteringProvider"),
+            )
+        )
+    live_domains = {name: d for name, d in replayed.domains.items() if not d.removed}
+    return tuple(out), live_domains
 
 
-def _replay_deletion_vectors(root: str, version: int) -> dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]:
-    """Live path -> (its deletion vector, its statistics' ``tightBounds``) at ``version``."""
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _replay_log(root: str, version: int) -> _Replay:
     log_dir = os.path.join(root, "_delta_log")
     names = os.listdir(log_dir)
     start, parts = _newest_checkpoint(names, version)
-    live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]] = {}
+    state = _Replay()
     for part in parts:
-        _replay_checkpoint(os.path.join(log_dir, part), live)
+        _replay_checkpoint(os.path.join(log_dir, part), state)
     commits = sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
     for number in commits:
         if start < number <= version:
             with open(os.path.join(log_dir, f"{number:020d}.json"), encoding="utf-8") as handle:
                 for line in handle:
                     if line.strip():
-                        _apply(json.loads(line), live)
-    return live
+                        _apply(json.loads(line), state)
+    return state
 
 
 def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
@@ -262,8 +302,8 @@ def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
     return best[0], sorted(found[best])
 
 
-def _replay_checkpoint(path: str, live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
-    """The file actions of one checkpoint file: its own ``add`` rows and, in a V2 checkpoint, those of the
+def _replay_checkpoint(path: str, state: _Replay) -> None:
+    """The file actions and domains of one checkpoint file: its own rows and, in a V2 checkpoint, those of the
     sidecar files its ``sidecar`` actions name (PROTOCOL.md "V2 Spec")."""
     sidecars: list[Mapping[str, Any]] = []
     if path.endswith(".json"):
@@ -274,18 +314,19 @@ def _replay_checkpoint(path: str, live: dict[str, tuple[DeletionVectorDescriptor
                 action = json.loads(line)
                 if "sidecar" in action:
                     sidecars.append(action["sidecar"])
-                elif "add" in action:
-                    _apply(action, live)
+                elif "add" in action or "domainMetadata" in action:
+                    _apply(action, state)
     else:
         columns = pq.read_schema(path).names
-        wanted = [c for c in ("add", "sidecar") if c in columns]
+        wanted = [c for c in ("add", "domainMetadata", "sidecar") if c in columns]
         table = pq.read_table(path, columns=wanted)
-        for add in table.column("add").to_pylist() if "add" in wanted else []:
-            if add:
-                _apply({"add": add}, live)
+        for column in ("add", "domainMetadata"):
+            for body in table.column(column).to_pylist() if column in wanted else []:
+                if body:
+                    _apply({column: body}, state)
         sidecars = [s for s in table.column("sidecar").to_pylist() if s] if "sidecar" in wanted else []
     for sidecar in sidecars:
-        _replay_checkpoint(_sidecar_path(os.path.dirname(path), str(sidecar["path"])), live)
+        _replay_checkpoint(_sidecar_path(os.path.dirname(path), str(sidecar["path"])), state)
 
 
 def _sidecar_path(log_dir: str, path: str) -> str:
@@ -294,8 +335,12 @@ def _sidecar_path(log_dir: str, path: str) -> str:
     return os.path.join(log_dir, SIDECAR_DIR, name)
 
 
-def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescriptor | None, bool | None]]) -> None:
-    if "add" in action:
+def _apply(action: Mapping[str, Any], state: _Replay) -> None:
+    live = state.live
+    if "domainMetadata" in action:
+        domain = DomainMetadata.from_action(action["domainMetadata"])
+        state.domains[domain.domain] = domain
+    elif "add" in action:
         body = action["add"]
         raw = body.get("deletionVector")
         try:
@@ -303,6 +348,11 @@ def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescri
         except DeletionVectorError as exc:
             raise DeltaError(f"File {body.get('path')!r} has a malformed deletion vector: {exc}") from exc
         live[body["path"]] = (descriptor, _tight_bounds(body.get("stats")))
+        state.file_fields[body["path"]] = {
+            k: body[k]
+            for k in ("baseRowId", "defaultRowCommitVersion", "clusteringProvider")
+            if body.get(k) is not None
+        }
     elif "remove" in action:
         # Delta keys file actions by (path, deletion vector id): a remove cancels only the add it names, so
         # Delta's own DELETE, which writes the new add before the remove of the old vector, keeps the new one.
@@ -315,6 +365,7 @@ def _apply(action: Mapping[str, Any], live: dict[str, tuple[DeletionVectorDescri
         current = live.get(body["path"])
         if current is not None and (current[0].unique_id if current[0] is not None else None) == removed:
             del live[body["path"]]
+            state.file_fields.pop(body["path"], None)
 
 
 def _tight_bounds(stats: Any) -> bool | None:

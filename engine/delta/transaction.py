@@ -11,13 +11,20 @@ Conflict rules (stricter than Delta where noted, never weaker):
 - winning ``remove`` of a file we remove -> ConcurrentDeleteDeleteError; of a file we read ->
   ConcurrentDeleteReadError;
 - winning ``add`` (dataChange) that a recorded read predicate could select (partition values and statistics,
-  as data skipping judges them) -> ConcurrentAppendError. Unlike Delta, blind appends are checked too.
+  as data skipping judges them) -> ConcurrentAppendError. Unlike Delta, blind appends are checked too;
+- winning ``domainMetadata`` of a domain this commit also sets -> ConcurrentDomainMetadataError, except the
+  row-id high-water mark (``delta.rowTracking``), which is not a conflict: the retry reassigns row ids above
+  the winner's mark, as Delta's ConflictChecker.reassignOverlappingRowIds does.
+
+Each attempt's commit is written for its version: new files' ``defaultRowCommitVersion`` is that version, their
+``baseRowId`` lies above the latest high-water mark, and an in-commit timestamp follows the previous commit's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,9 +33,11 @@ from typing import Any
 
 from sqlglot import exp
 
+from engine.delta import row_tracking
 from engine.delta.actions import (
     AddCDCFile,
     AddFile,
+    DomainMetadata,
     Metadata,
     Protocol,
     RemoveFile,
@@ -36,7 +45,7 @@ from engine.delta.actions import (
     now_millis,
 )
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
-from engine.delta.errors import CommitRetriesExhaustedError
+from engine.delta.errors import CommitRetriesExhaustedError, ConcurrentDomainMetadataError
 from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported
 from engine.delta.skipping import FilePredicate
 from engine.delta.snapshot import Snapshot
@@ -60,7 +69,7 @@ ISOLATION_LEVEL = "WriteSerializable"
 LOG_DIR = "_delta_log"
 _COMMIT_NAME = re.compile(r"^\d{20}\.json$")
 
-CommitAction = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol
+CommitAction = AddFile | RemoveFile | AddCDCFile | Metadata | Protocol | DomainMetadata
 
 
 def commit_key(version: int) -> str:
@@ -85,6 +94,10 @@ class Transaction:
         self._app_txns: dict[str, int] = {}
         self._committed_version: int | None = None
         self.attempts = 0
+        self._high_water_mark = row_tracking.high_water_mark(snapshot.domains)
+        """The row-id high-water mark of the latest version seen: the snapshot's, then each winner's."""
+        self._previous_timestamp: int | None = None
+        """The commit timestamp of the latest version seen (its in-commit timestamp, else its file's time)."""
 
     @property
     def read_version(self) -> int:
@@ -120,6 +133,7 @@ class Transaction:
         operation_metrics: Mapping[str, Any] | None = None,
         is_blind_append: bool = False,
         max_attempts: int = 10,
+        tags: Mapping[str, str] | None = None,
     ) -> int:
         """Write the commit; answer the version it landed at. Raises a ConcurrentModificationError subclass
         on a conflict, CommitFailedError when nothing was written, CommitStateUnknownError when the outcome
@@ -128,9 +142,7 @@ class Transaction:
             raise DeltaError("This transaction has already committed")
         storage = self.snapshot.storage
         new_metadata, new_protocol = self._validate(actions)
-        body = self._serialize(
-            actions, operation, operation_parameters, operation_metrics, is_blind_append, new_metadata, new_protocol
-        )
+        commit_info = self._commit_info(operation, operation_parameters, operation_metrics, is_blind_append, tags)
         checked_through = self.read_version
         version = self.read_version + 1
         for attempt in range(1, max(1, max_attempts) + 1):
@@ -139,8 +151,11 @@ class Transaction:
             # so a long-running transaction does not spend its attempts catching up).
             version = max(version, self._latest_version(storage) + 1)
             for winner in range(checked_through + 1, version):
-                self._check_conflicts(self._read_winner(storage, winner), actions)
+                entry = self._read_winner(storage, winner)
+                self._check_conflicts(entry, actions)
+                self._rebase(entry)
             checked_through = version - 1
+            body = self._serialize(actions, commit_info, new_metadata, new_protocol, version)
             try:
                 storage.put_if_absent(commit_key(version), body)
             except FileExistsError:
@@ -166,10 +181,11 @@ class Transaction:
         if len(metadata) > 1 or len(protocols) > 1:
             raise DeltaError("A commit holds at most one metaData and one protocol action")
         for action in actions:
-            if not isinstance(action, (AddFile, RemoveFile, AddCDCFile, Metadata, Protocol)):
+            if not isinstance(action, (AddFile, RemoveFile, AddCDCFile, Metadata, Protocol, DomainMetadata)):
                 raise TypeError(f"Cannot commit {type(action).__name__}")
         new_metadata = metadata[0] if metadata else None
         new_protocol = protocols[0] if protocols else None
+        self._validate_domains([a for a in actions if isinstance(a, DomainMetadata)], new_protocol)
         if any(isinstance(a, RemoveFile) and a.data_change for a in actions):
             check_can_modify(self.snapshot)
         if (
@@ -204,19 +220,31 @@ class Transaction:
             raise DeltaError(f"Cannot remove files that are not in version {self.read_version}: {missing[:3]}")
         return new_metadata, new_protocol
 
-    def _serialize(
+    def _validate_domains(self, domains: Sequence[DomainMetadata], new_protocol: Protocol | None) -> None:
+        """PROTOCOL.md "Domain Metadata": only on tables with the domainMetadata feature, one action per domain,
+        and no ``delta.*`` domain from a caller: this layer writes the system domains it understands itself."""
+        if not domains:
+            return
+        protocol = new_protocol or self.snapshot.protocol
+        if "domainMetadata" not in (protocol.writer_features or ()):
+            raise DeltaError("domainMetadata actions need the domainMetadata table feature, which this table lacks")
+        names = [d.domain for d in domains]
+        if len(names) != len(set(names)):
+            raise DeltaError("A commit holds at most one domainMetadata action per domain")
+        system = [n for n in names if n.startswith("delta.")]
+        if system:
+            raise DeltaError(f"System-controlled metadata domains cannot be set by a caller: {system}")
+
+    def _commit_info(
         self,
-        actions: Sequence[CommitAction],
         operation: str,
         parameters: Mapping[str, Any],
         metrics: Mapping[str, Any] | None,
         is_blind_append: bool,
-        metadata: Metadata | None,
-        protocol: Protocol | None,
-    ) -> bytes:
-        now = now_millis()
+        tags: Mapping[str, str] | None,
+    ) -> dict[str, Any]:
         commit_info: dict[str, Any] = {
-            "timestamp": now,
+            "timestamp": now_millis(),
             "operation": operation,
             "operationParameters": {k: _as_string(v) for k, v in parameters.items()},
             "readVersion": self.read_version,
@@ -225,17 +253,77 @@ class Transaction:
         }
         if metrics is not None:
             commit_info["operationMetrics"] = {k: _as_string(v) for k, v in metrics.items()}
+        if tags:
+            commit_info["tags"] = dict(tags)
         commit_info["engineInfo"] = self.engine_info
         commit_info["txnId"] = self.txn_id
-        lines: list[Mapping[str, Any]] = [{"commitInfo": commit_info}]
+        return commit_info
+
+    def _serialize(
+        self,
+        actions: Sequence[CommitAction],
+        commit_info: Mapping[str, Any],
+        metadata: Metadata | None,
+        protocol: Protocol | None,
+        version: int,
+    ) -> bytes:
+        """The commit file for ``version``. commitInfo comes first, as in-commit timestamps require."""
+        now = now_millis()
+        table_metadata = metadata or self.snapshot.metadata
+        table_protocol = protocol or self.snapshot.protocol
+        info = dict(commit_info)
+        if row_tracking.in_commit_timestamps_enabled(table_metadata):
+            previous = self._previous_commit_timestamp()
+            info = {"inCommitTimestamp": row_tracking.next_in_commit_timestamp(now, previous), **info}
+        lines: list[Mapping[str, Any]] = [{"commitInfo": info}]
         if protocol is not None:
             lines.append(protocol.to_action())
         if metadata is not None:
             lines.append(metadata.to_action())
-        for app_id, version in self._app_txns.items():
-            lines.append(SetTransaction(app_id, version, now).to_action())
-        lines.extend(a.to_action() for a in actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
+        for app_id, app_version in self._app_txns.items():
+            lines.append(SetTransaction(app_id, app_version, now).to_action())
+        files = [a for a in actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile))]
+        domains = [a for a in actions if isinstance(a, DomainMetadata)]
+        if row_tracking.assigns_row_ids(table_protocol, table_metadata):
+            adds, mark = row_tracking.assign_fresh_row_ids(
+                [a for a in files if isinstance(a, AddFile)], self._high_water_mark, version
+            )
+            if mark != self._high_water_mark:
+                domains.append(row_tracking.high_water_mark_domain(mark))
+            assigned = iter(adds)
+            files = [next(assigned) if isinstance(a, AddFile) else a for a in files]
+        lines.extend(d.to_action() for d in domains)
+        lines.extend(a.to_action() for a in files)
         return actions_to_json_lines(lines)
+
+    def _previous_commit_timestamp(self) -> int:
+        """The timestamp of the version before the one being written: the latest winner's, else the snapshot's."""
+        if self._previous_timestamp is None:
+            storage = self.snapshot.storage
+            try:
+                text = storage.read(commit_key(self.read_version)).decode("utf-8")
+            except OSError as exc:
+                raise CommitFailedError(
+                    f"Cannot read commit {self.read_version} of {self.snapshot.root} for its in-commit timestamp: {exc}"
+                ) from exc
+            entry = parse_commit(self.read_version, text, self.snapshot.spark_schema)
+            self._previous_timestamp = self._commit_timestamp(entry)
+        return self._previous_timestamp
+
+    def _commit_timestamp(self, entry: CommitEntry) -> int:
+        """A commit's in-commit timestamp, else (a commit from before the feature) its file's modification time."""
+        ict = (entry.commit_info or {}).get("inCommitTimestamp")
+        if isinstance(ict, int):
+            return ict
+        return int(os.path.getmtime(os.path.join(self.snapshot.root, *commit_key(entry.version).split("/"))) * 1000)
+
+    def _rebase(self, winner: CommitEntry) -> None:
+        """Take in a winner that does not conflict: its high-water mark and its timestamp."""
+        mark = row_tracking.domain_high_water_mark(winner.domains)
+        if mark is not None:
+            self._high_water_mark = max(self._high_water_mark, mark)
+        if row_tracking.in_commit_timestamps_enabled(self.snapshot.metadata):
+            self._previous_timestamp = self._commit_timestamp(winner)
 
     def _latest_version(self, storage: Storage) -> int:
         try:
@@ -269,6 +357,12 @@ class Transaction:
             if txn.app_id in self._app_txns:
                 raise ConcurrentTransactionError(
                     f"{who} committed application transaction {txn.app_id!r} version {txn.version} concurrently"
+                )
+        ours_domains = {a.domain for a in actions if isinstance(a, DomainMetadata)}
+        for domain in winner.domains:
+            if domain.domain in ours_domains:
+                raise ConcurrentDomainMetadataError(
+                    f"{who} set metadata domain {domain.domain!r}, which this commit sets too"
                 )
         ours_removed = {a.path for a in actions if isinstance(a, RemoveFile)}
         for remove in winner.removes:

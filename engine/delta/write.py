@@ -22,6 +22,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from engine.delta import row_tracking
 from engine.delta.actions import AddCDCFile, AddFile, parse_schema
 from engine.delta.constraints import Constraint, table_constraints
 from engine.delta.deletion_vectors import read_deletion_vector, write_deletion_vector_file
@@ -280,6 +281,13 @@ def _cdcs(written: list[tuple[str, str, dict[str, str | None], os.stat_result]])
     return cdcs
 
 
+def materialized_row_tracking_fields(snapshot: Snapshot) -> list[T.StructField]:
+    """The hidden columns that hold preserved row ids and row commit versions (row tracking enabled), which a
+    write carries after the table's columns; none otherwise."""
+    names = row_tracking.materialized_columns(snapshot.protocol, snapshot.metadata)
+    return [] if names is None else [T.StructField(n, T.LongType(), True) for n in names]
+
+
 def write_data_files(
     spark: SparkSession,
     df: DataFrame,
@@ -288,14 +296,18 @@ def write_data_files(
     write_id: str,
     partition_columns: Sequence[str] | None = None,
     schema: T.StructType | str | dict[str, Any] | None = None,
+    materialized_row_tracking: bool = False,
 ) -> list[AddFile]:
     """Write ``df`` (the table's columns, any order) as Parquet under ``<root>/<write_id>/`` and answer the
     ``add`` actions, with statistics, for the files written. ``schema`` overrides the table schema (after
-    schema evolution). Nothing is committed; on failure the folder is removed."""
+    schema evolution). With ``materialized_row_tracking`` ``df`` also holds the table's materialized row id and
+    row commit version columns, written with the data. Nothing is committed; on failure the folder is
+    removed."""
     _check_write_id(write_id)
     target = _resolve_schema(snapshot, schema)
     parts = _partition_types(target, snapshot.partition_columns if partition_columns is None else partition_columns)
-    conformed = _conform(df, target, constraints=table_constraints(snapshot.metadata))
+    extra = materialized_row_tracking_fields(snapshot) if materialized_row_tracking else []
+    conformed = _conform(df, target, extra=extra, constraints=table_constraints(snapshot.metadata))
     out_dir = os.path.join(snapshot.root, write_id)
     _check_fresh(out_dir)
     try:
@@ -314,12 +326,14 @@ def write_data_and_cdc_files(
     *,
     write_id: str,
     schema: T.StructType | str | dict[str, Any] | None = None,
+    materialized_row_tracking: bool = False,
 ) -> tuple[list[AddFile], list[AddCDCFile]]:
     """Write table rows and Change Data Feed rows in one Spark write: ``df`` has the table's columns plus
     ``_change_type``, NULL on the rows of the new table version. Delta's own ``__is_cdc`` partition: the rows
     are split by it as the first partition column, then the change files move to ``_change_data/<write_id>/``
     and the data files up to ``<write_id>/``. The data files keep the all-NULL ``_change_type`` column, as
-    Delta's do; readers skip columns outside the table schema. Answers the ``add`` and ``cdc`` actions."""
+    Delta's do; readers skip columns outside the table schema (the materialized row tracking columns with
+    ``materialized_row_tracking`` too). Answers the ``add`` and ``cdc`` actions."""
     _check_write_id(write_id)
     target = _resolve_schema(snapshot, schema)
     check_no_reserved_cdc_columns(target)
@@ -328,7 +342,10 @@ def write_data_and_cdc_files(
     conformed = _conform(
         df,
         target,
-        extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True)],
+        extra=[
+            T.StructField(CHANGE_TYPE_COL, T.StringType(), True),
+            *(materialized_row_tracking_fields(snapshot) if materialized_row_tracking else []),
+        ],
         constraints=table_constraints(snapshot.metadata),
         checked_rows=F.col(CHANGE_TYPE_COL).isNull(),
     )
