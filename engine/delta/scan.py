@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Literal
 from urllib.parse import unquote
 
 import numpy as np
@@ -33,25 +32,27 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from engine.delta import row_tracking as rt
 from engine.delta.actions import AddFile
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
 from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
+from engine.delta.scan_columns import (
+    FILE_NAME_COL,
+    FILE_PATH_COL,
+    LOCAL_PATH_COL,
+    ROW_COMMIT_VERSION_COL,
+    ROW_ID_COL,
+    ROW_INDEX_COL,
+    ROW_TRACKING_COLS,
+    UNMAPPED_MARKER,
+    FileColumns,
+    checked_file_name,
+)
+from engine.delta.scan_row_tracking import scan_with_row_tracking
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
 
-FILE_NAME_COL = "_file_name_"
-ROW_INDEX_COL = "_row_index_"
-FILE_PATH_COL = "_file_path_"
-ROW_ID_COL = "_row_id_"
-ROW_COMMIT_VERSION_COL = "_row_commit_version_"
-ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
-_BASE_ROW_ID_COL = "__delta_base_row_id"
-_DEFAULT_ROW_COMMIT_VERSION_COL = "__delta_default_row_commit_version"
-_LOCAL_PATH_COL = "__delta_local_path"
-_UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
 _FILE_NUMBER_COL = "__delta_dv_file"
 _DELETED_ROW_COL = "__delta_dv_row"
@@ -81,9 +82,6 @@ def scan_schema(snapshot: Snapshot) -> T.StructType:
             T.StructField(ROW_INDEX_COL, T.LongType(), False),
         ]
     )
-
-
-FileColumns = Literal["name_and_row_index", "path", "none"]
 
 
 def scan_files(
@@ -119,7 +117,7 @@ def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable
         # A partitioned scan names its files by log path already; a plain one by Spark's ``file:`` URI.
         add = by_name.get(path) or by_local.get(unquote(re.sub(r"^file:(//)?", "", path)))
         if add is None:
-            raise DeltaError(f"[{_UNMAPPED_MARKER}] scanned file not in the request: {path}")
+            raise DeltaError(f"[{UNMAPPED_MARKER}] scanned file not in the request: {path}")
         found.add(add.path)
     return [f for f in files if f.path in found]
 
@@ -270,7 +268,7 @@ def _scan_stored(
     if not unique:
         return _scan_nothing(spark, snapshot, file_columns, row_tracking)
     if row_tracking:
-        return _scan_with_row_tracking(spark, snapshot, unique, file_columns, partition_fields, data_schema)
+        return scan_with_row_tracking(spark, snapshot, unique, file_columns, partition_fields, data_schema)
     if not partition_fields:
         plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns)
         if plain is not None:
@@ -344,7 +342,7 @@ def _scan_by_mapped_paths(
         )
     mapping_schema = T.StructType(
         [
-            T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(LOCAL_PATH_COL, T.StringType(), False),
             T.StructField(FILE_NAME_COL, T.StringType(), False),
             *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
         ]
@@ -360,17 +358,12 @@ def _scan_by_mapped_paths(
         local_path = F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path"))
     data = data.select(
         *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
-        local_path.alias(_LOCAL_PATH_COL),
+        local_path.alias(LOCAL_PATH_COL),
         F.col("_metadata.row_index").alias(ROW_INDEX_COL),
     )
     mapping = spark.createDataFrame(mapping_rows, mapping_schema)
-    joined = data.join(F.broadcast(mapping), on=_LOCAL_PATH_COL, how="left")
-    checked_name = F.when(
-        F.col(FILE_NAME_COL).isNull(),
-        F.raise_error(
-            F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "), F.col(_LOCAL_PATH_COL))
-        ),
-    ).otherwise(F.col(FILE_NAME_COL))
+    joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")
+    checked_name = checked_file_name()
     table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
     if file_columns == "none":
         return joined.select(*table_columns)
@@ -379,80 +372,15 @@ def _scan_by_mapped_paths(
     return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL))
 
 
-def _scan_with_row_tracking(
-    spark: SparkSession,
-    snapshot: Snapshot,
-    unique: Sequence[AddFile],
-    file_columns: FileColumns,
-    partition_fields: Sequence[T.StructField],
-    data_schema: T.StructType,
-) -> DataFrame:
-    """The rows of ``unique`` with their stable row ids and row commit versions (PROTOCOL.md "Reader
-    Requirements for Row Tracking"): the materialized columns are read with the data (NULL where a file lacks
-    them), and each file's ``baseRowId`` and ``defaultRowCommitVersion`` are joined in by path with its
-    partition values."""
-    names = rt.materialized_columns(snapshot.protocol, snapshot.metadata)
-    if names is None:
-        raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
-    row_id_name, version_name = names
-    mapping_rows = []
-    for add in unique:
-        if add.base_row_id is None or add.default_row_commit_version is None:
-            raise DeltaError(
-                f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
-                "is enabled"
-            )
-        values = {k.lower(): v for k, v in add.partition_values.items()}
-        mapping_rows.append(
-            (
-                snapshot.file_path(add),
-                add.path,
-                add.base_row_id,
-                add.default_row_commit_version,
-                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
-            )
-        )
-    mapping_schema = T.StructType(
-        [
-            T.StructField(_LOCAL_PATH_COL, T.StringType(), False),
-            T.StructField(FILE_NAME_COL, T.StringType(), False),
-            T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
-            T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
-            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
-        ]
-    )
-    read_schema = T.StructType(
-        [
-            *data_schema.fields,
-            T.StructField(row_id_name, T.LongType(), True),
-            T.StructField(version_name, T.LongType(), True),
-        ]
-    )
-    data = spark.read.schema(read_schema).parquet(*(spark_read_path(row[0]) for row in mapping_rows))
-    data = data.select(
-        *[F.col(quote_identifier(f.name)) for f in read_schema.fields],
-        F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(_LOCAL_PATH_COL),
-        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
-    )
-    mapping = spark.createDataFrame(mapping_rows, mapping_schema)
-    joined = data.join(F.broadcast(mapping), on=_LOCAL_PATH_COL, how="left")
-    checked_name = F.when(
-        F.col(FILE_NAME_COL).isNull(),
-        F.raise_error(
-            F.concat(F.lit(f"[{_UNMAPPED_MARKER}] scanned file not in the request: "), F.col(_LOCAL_PATH_COL))
-        ),
-    ).otherwise(F.col(FILE_NAME_COL))
-    tracking = [
-        F.coalesce(F.col(quote_identifier(row_id_name)), F.col(_BASE_ROW_ID_COL) + F.col(ROW_INDEX_COL)).alias(
-            ROW_ID_COL
-        ),
-        F.coalesce(F.col(quote_identifier(version_name)), F.col(_DEFAULT_ROW_COMMIT_VERSION_COL)).alias(
-            ROW_COMMIT_VERSION_COL
-        ),
-    ]
-    table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
-    if file_columns == "none":
-        return joined.select(*table_columns, *tracking)
-    if file_columns == "path":
-        return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL), *tracking)
-    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *tracking)
+__all__ = [
+    "FILE_NAME_COL",
+    "FILE_PATH_COL",
+    "ROW_COMMIT_VERSION_COL",
+    "ROW_ID_COL",
+    "ROW_INDEX_COL",
+    "ROW_TRACKING_COLS",
+    "files_at_paths",
+    "scan_files",
+    "scan_files_with_path",
+    "scan_schema",
+]

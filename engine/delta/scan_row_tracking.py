@@ -1,0 +1,116 @@
+"""A scan of a table whose row tracking is enabled, with each row's stable row id and row commit version
+(PROTOCOL.md "Reader Requirements for Row Tracking")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from engine.delta import row_tracking as rt
+from engine.delta.actions import AddFile
+from engine.delta.errors import DeltaError
+from engine.delta.names import quote_identifier
+from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
+from engine.delta.scan_columns import (
+    FILE_NAME_COL,
+    FILE_PATH_COL,
+    LOCAL_PATH_COL,
+    ROW_COMMIT_VERSION_COL,
+    ROW_ID_COL,
+    ROW_INDEX_COL,
+    FileColumns,
+    checked_file_name,
+)
+from engine.delta.snapshot import Snapshot
+from engine.delta.values import parse_partition_value
+
+_BASE_ROW_ID_COL = "__delta_base_row_id"
+_DEFAULT_ROW_COMMIT_VERSION_COL = "__delta_default_row_commit_version"
+
+
+def scan_with_row_tracking(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    unique: Sequence[AddFile],
+    file_columns: FileColumns,
+    partition_fields: Sequence[T.StructField],
+    data_schema: T.StructType,
+) -> DataFrame:
+    """The rows of ``unique`` with their stable row ids and row commit versions: the materialized columns are
+    read with the data (NULL where a file lacks them), and each file's ``baseRowId`` and
+    ``defaultRowCommitVersion`` are joined in by path with its partition values."""
+    names = rt.materialized_columns(snapshot.protocol, snapshot.metadata)
+    if names is None:
+        raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
+    row_id_name, version_name = names
+    read_schema = T.StructType(
+        [
+            *data_schema.fields,
+            T.StructField(row_id_name, T.LongType(), True),
+            T.StructField(version_name, T.LongType(), True),
+        ]
+    )
+    mapping = _file_mapping(spark, snapshot, unique, partition_fields)
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(snapshot.file_path(add)) for add in unique))
+    data = data.select(
+        *[F.col(quote_identifier(f.name)) for f in read_schema.fields],
+        F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(LOCAL_PATH_COL),
+        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+    )
+    joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")
+    tracking = _stable_row_columns(row_id_name, version_name)
+    table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
+    if file_columns == "none":
+        return joined.select(*table_columns, *tracking)
+    if file_columns == "path":
+        return joined.select(*table_columns, checked_file_name().alias(FILE_PATH_COL), *tracking)
+    return joined.select(*table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *tracking)
+
+
+def _file_mapping(
+    spark: SparkSession, snapshot: Snapshot, unique: Sequence[AddFile], partition_fields: Sequence[T.StructField]
+) -> DataFrame:
+    """Each file's local path, log path, ``baseRowId``, ``defaultRowCommitVersion`` and partition values."""
+    rows = []
+    for add in unique:
+        if add.base_row_id is None or add.default_row_commit_version is None:
+            raise DeltaError(
+                f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
+                "is enabled"
+            )
+        values = {k.lower(): v for k, v in add.partition_values.items()}
+        rows.append(
+            (
+                snapshot.file_path(add),
+                add.path,
+                add.base_row_id,
+                add.default_row_commit_version,
+                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+            )
+        )
+    schema = T.StructType(
+        [
+            T.StructField(LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(FILE_NAME_COL, T.StringType(), False),
+            T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
+            T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
+            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+        ]
+    )
+    return spark.createDataFrame(rows, schema)
+
+
+def _stable_row_columns(row_id_name: str, version_name: str) -> list[Column]:
+    """A row's materialized row id and commit version where not NULL, else its file's base id plus its index and
+    the file's default commit version."""
+    return [
+        F.coalesce(F.col(quote_identifier(row_id_name)), F.col(_BASE_ROW_ID_COL) + F.col(ROW_INDEX_COL)).alias(
+            ROW_ID_COL
+        ),
+        F.coalesce(F.col(quote_identifier(version_name)), F.col(_DEFAULT_ROW_COMMIT_VERSION_COL)).alias(
+            ROW_COMMIT_VERSION_COL
+        ),
+    ]
