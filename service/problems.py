@@ -17,6 +17,7 @@ import engine.errors as engine_errors
 from engine.delta.deletion_vectors import DeletionVectorError
 from engine.delta.errors import (
     CommitRetriesExhaustedError,
+    ConcurrentDomainMetadataError,
     CorruptLogError,
     InvalidWriteError,
     WriteSchemaMismatchError,
@@ -94,6 +95,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     engine_errors.MetadataChangedError: "metadata-changed",
     engine_errors.ProtocolChangedError: "protocol-changed",
     engine_errors.ConcurrentTransactionError: "concurrent-transaction",
+    ConcurrentDomainMetadataError: "concurrent-domain-metadata",
     CommitRetriesExhaustedError: "commit-retries-exhausted",
 }
 """The public problem ``type`` of every error class, spelled out: the slug is a contract (docs/api.md lists each),
