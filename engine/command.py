@@ -36,6 +36,7 @@ from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
 from engine.source_keys import SourceKeyRanges
+from engine.spark import local_checkpoint
 from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, MergeClause, MergeSpec, RowsSource, TableSource, UpdateAction
 from engine.validation import ParsedMerge, parse_merge
@@ -139,7 +140,7 @@ class MergeIntoCommand:
             and not isinstance(self.spec.source, RowsSource)
             and not (isinstance(self.spec.source, TableSource) and self.spec.source.format == "delta")
         ):
-            source = source.localCheckpoint(eager=True)
+            source = local_checkpoint(self.spark, source)
             self.metrics["materializeSourceTimeMs"] = int((time.monotonic() - start) * 1000)
         return source
 

@@ -10,11 +10,12 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.connect import plan as connect_plan
 from pyspark.sql.connect.client.retries import DefaultPolicy
 from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 from pyspark.sql.connect.observation import Observation as ConnectObservation
+from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 from engine.errors import SparkUnavailableError, grpc_status, spark_error_message
 from engine.spark_server import embedded_remote
@@ -96,6 +97,20 @@ def connect(remote: str = "local", *, retry: ConnectRetry | None = None, timeout
             failure[0]
         )
     return spark
+
+
+def local_checkpoint(spark: SparkSession, df: DataFrame) -> DataFrame:
+    """``df.localCheckpoint(eager=True)``, bound to ``spark``. pyspark hands the checkpointed DataFrame to the
+    thread's *active* session, which is not always the one that holds it once a process has more than one (two
+    engines, a session reopened after a stalled server): its queries would then fail with DATAFRAME_NOT_FOUND
+    and its release would go to the wrong session."""
+    local = ConnectSession._active_session  # pyspark's thread-local; there is no public setter
+    before = getattr(local, "session", None)
+    local.session = spark
+    try:
+        return df.localCheckpoint(eager=True)
+    finally:
+        local.session = before
 
 
 def session_lost(spark: SparkSession, exc: BaseException | None = None) -> bool:
