@@ -148,6 +148,9 @@ class MergeIntoCommand:
         source = self._prepare_source()
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
         resolved = Resolver(spec, source, target_empty, snapshot.spark_schema).resolve()
+        if resolved.schema_changed:
+            # Column mapping: new columns get their physical names and ids once, for the files and the commit.
+            resolved.output_fields = list(snapshot.metadata.with_schema(StructType(resolved.output_fields)).schema)
 
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))

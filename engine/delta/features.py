@@ -6,7 +6,8 @@ fill in), deletionVectors (every scan drops the rows a file's vector deletes, an
 them for good: copy-on-write, which the protocol allows even where ``delta.enableDeletionVectors`` is true), and
 the row rules of invariants, checkConstraints and generatedColumns, which every write enforces
 (see ``constraints``). It is also accepted when the table does not actually use it (a legacy protocol version
-implies identity columns and column mapping: those are refused only when the schema or properties use them).
+implies identity columns: those are refused only when the schema uses them). columnMapping (modes ``name`` and
+``id``) is implemented: see ``column_mapping``.
 Unknown features are refused.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from engine.delta.actions import Metadata, Protocol
+from engine.delta.column_mapping import check_mode
 from engine.delta.constraints import table_constraints
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
@@ -33,6 +35,7 @@ IMPLEMENTED_FEATURES = frozenset(
         "generatedColumns",
         "allowColumnDefaults",
         "deletionVectors",
+        "columnMapping",
     }
 )
 """Features whose rules this layer follows."""
@@ -40,7 +43,7 @@ IMPLEMENTED_FEATURES = frozenset(
 DEFAULT_KEY = "CURRENT_DEFAULT"
 """Field metadata of allowColumnDefaults: the SQL of the value an INSERT gives a column it names no value for."""
 
-USE_CHECKED_FEATURES = frozenset({"identityColumns", "columnMapping", "variantType"})
+USE_CHECKED_FEATURES = frozenset({"identityColumns", "variantType"})
 """Features accepted while the table does not use them (checked against metadata and files)."""
 
 _TRUE = "true"
@@ -153,6 +156,9 @@ def check_protocol_and_metadata(protocol: Protocol, metadata: Metadata, *, where
         )
     enabled = protocol_features(protocol)
     used = features_in_use(metadata)
+    unknown_mode = check_mode(metadata.configuration)
+    if unknown_mode:
+        raise UnsupportedTableFeatureError(f"Table uses an unknown column mapping mode: {unknown_mode}{suffix}")
     for feature, evidence in sorted(used.items()):
         if feature not in IMPLEMENTED_FEATURES:
             raise UnsupportedTableFeatureError(

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
+from engine.delta.column_mapping import is_mapped, logical_columns, physical_schema
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
@@ -191,6 +192,13 @@ def _scan_stored(
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
+    # Column mapping: the files hold physical names (ids in id mode); the scan answers logical names.
+    read_schema = physical_schema(data_schema, snapshot.configuration)
+    data_columns = (
+        logical_columns(data_schema)
+        if is_mapped(snapshot.configuration)
+        else [F.col(quote_identifier(f.name)) for f in data_schema.fields]
+    )
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
         if file_columns == "path":
@@ -202,14 +210,11 @@ def _scan_stored(
         return empty
     if not partition_fields:
         local = [snapshot.file_path(add) for add in unique]
-        plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
+        plain = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
         if file_columns == "none":
-            return plain
+            return plain.select(*data_columns) if read_schema is not data_schema else plain
         if file_columns == "path":
-            return plain.select(
-                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
-                F.col("_metadata.file_path").alias(FILE_PATH_COL),
-            )
+            return plain.select(*data_columns, F.col("_metadata.file_path").alias(FILE_PATH_COL))
         prefix = "file:" + snapshot.root.rstrip("/") + "/"
         if all(
             _PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)
@@ -217,7 +222,7 @@ def _scan_stored(
             # Every log path is the file's plain path under the root, which Spark reports verbatim after
             # ``file:``: the log path is a substring, with no per-row lookup.
             return plain.select(
-                *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+                *data_columns,
                 F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
                 F.col("_metadata.row_index").alias(ROW_INDEX_COL),
             )
@@ -240,7 +245,7 @@ def _scan_stored(
         ]
     )
 
-    data = spark.read.schema(data_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
     if all(_PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows):
         # Spark reports such paths verbatim as ``file:<path>``: joining on the raw column spares decoding every
         # row (a regex, a replace and a URL-decode per row cost more than reading the file).
@@ -249,7 +254,7 @@ def _scan_stored(
     else:
         local_path = F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path"))
     data = data.select(
-        *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+        *data_columns,
         local_path.alias(_LOCAL_PATH_COL),
         F.col("_metadata.row_index").alias(ROW_INDEX_COL),
     )

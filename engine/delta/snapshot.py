@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.column_mapping import has_physical_names, physical_name, rename_stats
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
@@ -271,18 +272,24 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
     table = pa.table(dt.get_add_actions(flatten=False))
     part_types = {c: (_field(schema, c) or T.StringType()) for c in partition_columns}
     leaves = list(leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types])))
+    # deltalake keys partition values by logical name but statistics by physical name (column mapping).
+    physical = {f.name: physical_name(f) for f in schema.fields}
+    mapped = has_physical_names(schema)
     rows = table.to_pylist()
     files = []
     for row in rows:
         partition = row.get("partition") or {}
-        pvalues = {c: serialize_partition_value(partition.get(c), part_types[c]) for c in partition_columns}
+        pvalues = {
+            c: serialize_partition_value(partition.get(c, partition.get(physical.get(c, c))), part_types[c])
+            for c in partition_columns
+        }
         stats = None
         if row.get("num_records") is not None:
             stats = FileStats(
                 num_records=int(row["num_records"]),
-                min_values=_typed(row.get("min"), leaves),
-                max_values=_typed(row.get("max"), leaves),
-                null_count=_counts(row.get("null_count")),
+                min_values=_typed(_logical(row.get("min"), schema, mapped), leaves),
+                max_values=_typed(_logical(row.get("max"), schema, mapped), leaves),
+                null_count=_counts(_logical(row.get("null_count"), schema, mapped)),
             )
         files.append(
             AddFile(
@@ -295,6 +302,11 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
             )
         )
     return tuple(files)
+
+
+def _logical(values: Any, schema: T.StructType, mapped: bool) -> Any:
+    """Statistics keyed by physical names (as the log and deltalake hold them) keyed by logical names."""
+    return rename_stats(values, schema, to_physical=False) if mapped and isinstance(values, Mapping) else values
 
 
 def _field(schema: T.StructType, name: str) -> T.DataType | None:

@@ -21,7 +21,7 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlglot import exp
@@ -29,12 +29,14 @@ from sqlglot import exp
 from engine.delta.actions import (
     AddCDCFile,
     AddFile,
+    FileStats,
     Metadata,
     Protocol,
     RemoveFile,
     SetTransaction,
     now_millis,
 )
+from engine.delta.column_mapping import has_physical_names, rename_partition_values, rename_stats
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError
 from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported
@@ -234,7 +236,10 @@ class Transaction:
             lines.append(metadata.to_action())
         for app_id, version in self._app_txns.items():
             lines.append(SetTransaction(app_id, version, now).to_action())
-        lines.extend(a.to_action() for a in actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile)))
+        schema = (metadata or self.snapshot.metadata).schema
+        lines.extend(
+            _physical(a, schema).to_action() for a in actions if isinstance(a, (AddFile, RemoveFile, AddCDCFile))
+        )
         return actions_to_json_lines(lines)
 
     def _latest_version(self, storage: Storage) -> int:
@@ -323,3 +328,25 @@ def _describe(winner: CommitEntry) -> str:
     operation = info.get("operation", "a commit")
     engine = info.get("engineInfo") or info.get("clientVersion")
     return f"Concurrent {operation} (version {winner.version}{', ' + str(engine) if engine else ''})"
+
+
+FileAction = AddFile | RemoveFile | AddCDCFile
+
+
+def _physical(action: FileAction, schema: Any) -> FileAction:
+    """A file action as the log holds it: under column mapping, partition values and statistics keyed by
+    physical names (this layer keys them by logical names)."""
+    if not has_physical_names(schema):
+        return action
+    values = rename_partition_values(action.partition_values, schema, to_physical=True)
+    if isinstance(action, AddFile) and action.stats is not None:
+        stats = action.stats
+        physical = FileStats(
+            num_records=stats.num_records,
+            min_values=rename_stats(stats.min_values, schema, to_physical=True),
+            max_values=rename_stats(stats.max_values, schema, to_physical=True),
+            null_count=rename_stats(stats.null_count, schema, to_physical=True),
+            tight_bounds=stats.tight_bounds,
+        )
+        return replace(action, partition_values=values, stats=physical)
+    return replace(action, partition_values=values)
