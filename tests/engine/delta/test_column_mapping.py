@@ -201,3 +201,23 @@ def test_unknown_mode_is_refused(lake: Path) -> None:
     with pytest.raises(UnsupportedTableFeatureError, match="column mapping mode"):
         Transaction(snapshot).commit([bad], operation="SET TBLPROPERTIES", operation_parameters={})
     assert _versions(path) == [0]
+
+
+def test_id_mode_resolves_columns_by_field_id(spark: SparkSession, lake: Path) -> None:
+    """In ``id`` mode a file's columns are found by Parquet field id, whatever they are named in the file."""
+    path = lake / "t"
+    write_deltalake(
+        str(path),
+        pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])}),
+        configuration={"delta.columnMapping.mode": "id"},
+    )
+    snapshot = load_snapshot(path)
+    (add,) = snapshot.files
+    stored = pq.read_table(snapshot.file_path(add))
+    renamed = pa.schema(
+        [f.with_name(f"written-by-another-engine-{i}") for i, f in enumerate(stored.schema)]
+    )  # field ids kept in each field's metadata
+    pq.write_table(pa.Table.from_arrays(stored.columns, schema=renamed), snapshot.file_path(add))
+    assert all(b"PARQUET:field_id" in (f.metadata or {}) for f in pq.read_schema(snapshot.file_path(add)))
+    got = sorted(tuple(r) for r in scan_files(spark, snapshot, snapshot.files, file_columns=False).collect())
+    assert got == [(1, "a"), (2, "b")]
