@@ -193,11 +193,10 @@ def _scan_stored(
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
     data_schema = T.StructType([f for f in schema.fields if f.name.lower() not in partition_names])
     # Column mapping: the files hold physical names (ids in id mode); the scan answers logical names.
+    mapped = is_mapped(snapshot.configuration)
     read_schema = physical_schema(data_schema, snapshot.configuration)
     data_columns = (
-        logical_columns(data_schema)
-        if is_mapped(snapshot.configuration)
-        else [F.col(quote_identifier(f.name)) for f in data_schema.fields]
+        logical_columns(data_schema) if mapped else [F.col(quote_identifier(f.name)) for f in data_schema.fields]
     )
     if not unique:
         empty = spark.createDataFrame([], scan_schema(snapshot))
@@ -212,7 +211,7 @@ def _scan_stored(
         local = [snapshot.file_path(add) for add in unique]
         plain = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
         if file_columns == "none":
-            return plain.select(*data_columns) if read_schema is not data_schema else plain
+            return plain.select(*data_columns) if mapped else plain
         if file_columns == "path":
             return plain.select(*data_columns, F.col("_metadata.file_path").alias(FILE_PATH_COL))
         prefix = "file:" + snapshot.root.rstrip("/") + "/"
