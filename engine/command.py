@@ -155,6 +155,9 @@ class MergeIntoCommand:
             snapshot.spark_schema,
             type_widening=type_widening_enabled(snapshot.protocol, snapshot.metadata),
         ).resolve()
+        if resolved.schema_changed:
+            # Column mapping: new columns get their physical names and ids once, for the files and the commit.
+            resolved.output_fields = list(snapshot.metadata.with_schema(StructType(resolved.output_fields)).schema)
 
         if snapshot.cdf_enabled:
             delta.check_no_reserved_cdc_columns(StructType(resolved.output_fields))

@@ -43,6 +43,9 @@ SESSION_CONF: Mapping[str, str] = {
     # An adaptive plan that finds a stage empty replaces it, and any DataFrame.observe inside it stops reporting:
     # the merge's metrics come from observations.
     "spark.sql.adaptive.optimizer.excludedRules": "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
+    # Column mapping's id mode resolves a file's columns by Parquet field id; a read schema without ids (every
+    # other table) still matches by name.
+    "spark.sql.parquet.fieldId.read.enabled": "true",
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql import types as T
 
+from engine.delta.column_mapping import MAX_COLUMN_ID_KEY, assign_column_mapping, has_physical_names, rename_stats
 from engine.delta.deletion_vectors import DeletionVectorDescriptor
 from engine.delta.paths import log_path_to_local
 from engine.delta.values import field_at, leaf_fields, normalize_stat_value, put_at_path, stat_value_json
@@ -68,11 +69,17 @@ class FileStats:
             return None
         num = raw.get("numRecords")
         tight = raw.get("tightBounds")
+        mapped = has_physical_names(schema)
+
+        def logical(values: Any) -> Any:
+            # Column mapping: the log keys statistics by physical names.
+            return rename_stats(values, schema, to_physical=False) if mapped and isinstance(values, Mapping) else values
+
         return FileStats(
             num_records=int(num) if isinstance(num, (int, Decimal)) else None,
-            min_values=typed_stats(raw.get("minValues"), schema),
-            max_values=typed_stats(raw.get("maxValues"), schema),
-            null_count=_int_stats(raw.get("nullCount")),
+            min_values=typed_stats(logical(raw.get("minValues")), schema),
+            max_values=typed_stats(logical(raw.get("maxValues")), schema),
+            null_count=_int_stats(logical(raw.get("nullCount"))),
             tight_bounds=tight if isinstance(tight, bool) else None,
         )
 
@@ -307,7 +314,12 @@ class Metadata:
         for column in self.partition_columns:
             if field_at(parsed, [column]) is None:
                 raise ValueError(f"The new schema lacks partition column {column!r}")
-        return replace(self, schema_string=parsed.json())
+        # Column mapping: new fields get ids and physical names, and maxColumnId rises with them.
+        parsed, max_column_id = assign_column_mapping(parsed, self.configuration)
+        if max_column_id is None:
+            return replace(self, schema_string=parsed.json())
+        configuration = {**self.configuration, MAX_COLUMN_ID_KEY: str(max_column_id)}
+        return replace(self, schema_string=parsed.json(), configuration=configuration)
 
     def to_action(self) -> dict[str, Any]:
         return {

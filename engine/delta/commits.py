@@ -19,6 +19,7 @@ from engine.delta.actions import (
     RemoveFile,
     SetTransaction,
 )
+from engine.delta.column_mapping import has_physical_names, rename_partition_values
 from engine.delta.deletion_vectors import DeletionVectorDescriptor, DeletionVectorError
 from engine.delta.errors import CorruptLogError
 
@@ -59,12 +60,11 @@ class _Reading:
     def take(self, number: int, kind: str, body: Mapping[str, Any]) -> None:
         if kind == "add":
             # An add after a metaData in the same commit has statistics of the new schema.
-            schema = self.metadata.schema if self.metadata is not None else self.schema
-            self.adds.append(_add(body, schema, _descriptor(self.version, number, body)))
+            self.adds.append(_add(body, self._schema, _descriptor(self.version, number, body)))
         elif kind == "remove":
-            self.removes.append(_remove(body, _descriptor(self.version, number, body)))
+            self.removes.append(_remove(body, self._schema, _descriptor(self.version, number, body)))
         elif kind == "cdc":
-            self.cdcs.append(_cdc(body))
+            self.cdcs.append(_cdc(body, self._schema))
         elif kind == "metaData":
             self.metadata = Metadata.from_action(body)
         elif kind == "protocol":
@@ -77,6 +77,10 @@ class _Reading:
             self.domains.append(DomainMetadata.from_action(body))
         else:
             self.other.append(kind)
+
+    @property
+    def _schema(self) -> T.StructType:
+        return self.metadata.schema if self.metadata is not None else self.schema
 
     def entry(self) -> CommitEntry:
         return CommitEntry(
@@ -110,11 +114,17 @@ def parse_commit(version: int, text: str, schema: T.StructType) -> CommitEntry:
     return reading.entry()
 
 
+def _partition_values(body: Mapping[str, Any], schema: T.StructType) -> dict[str, str | None]:
+    """``partitionValues`` by logical name (the log keys them by physical name under column mapping)."""
+    values = dict(body.get("partitionValues") or {})
+    return rename_partition_values(values, schema, to_physical=False) if has_physical_names(schema) else values
+
+
 def _add(body: Mapping[str, Any], schema: T.StructType, dv: DeletionVectorDescriptor | None) -> AddFile:
     return AddFile(
         path=body["path"],
         size=int(body.get("size") or 0),
-        partition_values=dict(body.get("partitionValues") or {}),
+        partition_values=_partition_values(body, schema),
         modification_time=int(body.get("modificationTime") or 0),
         data_change=bool(body.get("dataChange", True)),
         stats=FileStats.from_json(body.get("stats"), schema),
@@ -130,13 +140,13 @@ def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _remove(body: Mapping[str, Any], dv: DeletionVectorDescriptor | None) -> RemoveFile:
+def _remove(body: Mapping[str, Any], schema: T.StructType, dv: DeletionVectorDescriptor | None) -> RemoveFile:
     return RemoveFile(
         path=body["path"],
         deletion_timestamp=int(body.get("deletionTimestamp") or 0),
         data_change=bool(body.get("dataChange", True)),
         extended_file_metadata=bool(body.get("extendedFileMetadata", False)),
-        partition_values=dict(body.get("partitionValues") or {}),
+        partition_values=_partition_values(body, schema),
         size=body.get("size"),
         tags=body.get("tags"),
         deletion_vector=dv,
@@ -145,10 +155,10 @@ def _remove(body: Mapping[str, Any], dv: DeletionVectorDescriptor | None) -> Rem
     )
 
 
-def _cdc(body: Mapping[str, Any]) -> AddCDCFile:
+def _cdc(body: Mapping[str, Any], schema: T.StructType) -> AddCDCFile:
     return AddCDCFile(
         path=body["path"],
-        partition_values=dict(body.get("partitionValues") or {}),
+        partition_values=_partition_values(body, schema),
         size=int(body.get("size") or 0),
         data_change=bool(body.get("dataChange", False)),
         tags=body.get("tags"),

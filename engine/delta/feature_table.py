@@ -52,9 +52,10 @@ FEATURES: tuple[TableFeature, ...] = (
     TableFeature(
         "columnMapping",
         READER_WRITER,
-        _U,
-        _U,
-        "Refused once `delta.columnMapping.mode` is `name` or `id`: Parquet files would hold physical names.",
+        _Y,
+        _Y,
+        "Modes `name` and `id`: files are read and written by physical name (and Parquet field id), the log keyed by "
+        "physical name; schema evolution assigns new names and ids and raises `delta.columnMapping.maxColumnId`.",
     ),
     TableFeature(
         "identityColumns",

@@ -3,8 +3,8 @@
 The rule: never write a table whose rules we would break, never read one whose rows we would read wrong. What
 this layer does with each feature is one row of ``feature_table.FEATURES`` (read, merge: yes, while unused, no),
 and the gate reads those rows only. A feature "while unused" is accepted when the table does not actually use it
-(a legacy protocol version implies identity columns and column mapping: those are refused only when the schema
-or properties use them). Feature names this engine has never heard of are refused for merges, and for reads when
+(a legacy protocol version implies identity columns: they are refused only where the schema uses them in a way
+this engine cannot serve). Feature names this engine has never heard of are refused for merges, and for reads when
 they are reader features.
 
 ``python -m engine.delta.features --markdown`` prints docs/features.md from the same rows.
@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from engine.delta.actions import Metadata, Protocol
+from engine.delta.column_mapping import check_mode
 from engine.delta.constraints import table_constraints
 from engine.delta.feature_table import Support, markdown
 from engine.delta.feature_table import feature as feature_row
@@ -157,6 +158,9 @@ def _check_features(protocol: Protocol, metadata: Metadata, suffix: str, *, writ
     """Refuse, naming it, the first feature the table uses or its protocol lists that the operation cannot
     honour: used features first (they say what in the table uses them), then the protocol's list."""
     verb = "merge into" if writing else "read"
+    unknown_mode = check_mode(metadata.configuration)
+    if unknown_mode:
+        raise UnsupportedTableFeatureError(f"Table uses an unknown column mapping mode: {unknown_mode}{suffix}")
     for name, evidence in sorted(features_in_use(metadata).items()):
         support, why = _support(name, writing=writing)
         if support is not Support.YES and (writing or feature_row(name) is not None):

@@ -28,11 +28,12 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap64
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
+from engine.delta.column_mapping import is_mapped, logical_columns, physical_schema
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
@@ -289,6 +290,15 @@ def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileCol
     return empty
 
 
+def _data_columns(snapshot: Snapshot, data_schema: T.StructType) -> tuple[bool, T.StructType, list[Column]]:
+    """Column mapping: whether the files hold physical names (ids in id mode), the schema to read them with, and
+    the columns that answer the table's logical names."""
+    mapped = is_mapped(snapshot.configuration)
+    read_schema = physical_schema(data_schema, snapshot.configuration)
+    columns = logical_columns(data_schema) if mapped else [F.col(quote_identifier(f.name)) for f in data_schema.fields]
+    return mapped, read_schema, columns
+
+
 def _scan_by_plain_paths(
     spark: SparkSession,
     snapshot: Snapshot,
@@ -298,21 +308,19 @@ def _scan_by_plain_paths(
 ) -> DataFrame | None:
     """An unpartitioned table's files read with no lookup of their log paths; None when a log path must be
     looked up per file."""
+    mapped, read_schema, data_columns = _data_columns(snapshot, data_schema)
     local = [snapshot.file_path(add) for add in unique]
-    plain = spark.read.schema(data_schema).parquet(*(spark_read_path(p) for p in local))
+    plain = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
     if file_columns == "none":
-        return plain
+        return plain.select(*data_columns) if mapped else plain
     if file_columns == "path":
-        return plain.select(
-            *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
-            F.col("_metadata.file_path").alias(FILE_PATH_COL),
-        )
+        return plain.select(*data_columns, F.col("_metadata.file_path").alias(FILE_PATH_COL))
     prefix = "file:" + snapshot.root.rstrip("/") + "/"
     if all(_PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)):
         # Every log path is the file's plain path under the root, which Spark reports verbatim after
         # ``file:``: the log path is a substring, with no per-row lookup.
         return plain.select(
-            *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+            *data_columns,
             F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
             F.col("_metadata.row_index").alias(ROW_INDEX_COL),
         )
@@ -348,7 +356,8 @@ def _scan_by_mapped_paths(
         ]
     )
 
-    data = spark.read.schema(data_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
+    _, read_schema, data_columns = _data_columns(snapshot, data_schema)
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
     if all(_PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows):
         # Spark reports such paths verbatim as ``file:<path>``: joining on the raw column spares decoding every
         # row (a regex, a replace and a URL-decode per row cost more than reading the file).
@@ -357,7 +366,7 @@ def _scan_by_mapped_paths(
     else:
         local_path = F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path"))
     data = data.select(
-        *[F.col(quote_identifier(f.name)) for f in data_schema.fields],
+        *data_columns,
         local_path.alias(LOCAL_PATH_COL),
         F.col("_metadata.row_index").alias(ROW_INDEX_COL),
     )

@@ -18,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile, DomainMetadata, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.column_mapping import has_physical_names, physical_name, rename_stats
 from engine.delta.feature_table import feature as feature_row
 from engine.delta.log_replay import needs_log_replay, with_log_replay
 from engine.delta.paths import ReadScope, normalize_table
@@ -222,18 +223,24 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
         for path, dtype in leaf_fields(T.StructType([f for f in schema.fields if f.name not in part_types]))
         if not _type_changed(schema, path)
     ]
+    # deltalake keys partition values by logical name but statistics by physical name (column mapping).
+    physical = {f.name: physical_name(f) for f in schema.fields}
+    mapped = has_physical_names(schema)
     rows = table.to_pylist()
     files = []
     for row in rows:
         partition = row.get("partition") or {}
-        pvalues = {c: serialize_partition_value(partition.get(c), part_types[c]) for c in partition_columns}
+        pvalues = {
+            c: serialize_partition_value(partition.get(c, partition.get(physical.get(c, c))), part_types[c])
+            for c in partition_columns
+        }
         stats = None
         if row.get("num_records") is not None:
             stats = FileStats(
                 num_records=int(row["num_records"]),
-                min_values=_typed(row.get("min"), leaves),
-                max_values=_typed(row.get("max"), leaves),
-                null_count=_counts(row.get("null_count")),
+                min_values=_typed(_logical(row.get("min"), schema, mapped), leaves),
+                max_values=_typed(_logical(row.get("max"), schema, mapped), leaves),
+                null_count=_counts(_logical(row.get("null_count"), schema, mapped)),
             )
         files.append(
             AddFile(
@@ -246,6 +253,11 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
             )
         )
     return tuple(files)
+
+
+def _logical(values: Any, schema: T.StructType, mapped: bool) -> Any:
+    """Statistics keyed by physical names (as the log and deltalake hold them) keyed by logical names."""
+    return rename_stats(values, schema, to_physical=False) if mapped and isinstance(values, Mapping) else values
 
 
 def _type_changed(schema: T.StructType, path: tuple[str, ...]) -> bool:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
 from engine.delta.actions import FileStats
+from engine.delta.column_mapping import is_mapped, physical_path
 from engine.delta.names import parse_column_path
 from engine.delta.values import (
     FLOAT_TYPES,
@@ -171,16 +172,19 @@ def _column_paths(metadata: pq.FileMetaData) -> list[tuple[str, ...]]:
 def stats_from_footer(
     metadata: pq.FileMetaData, data_schema: T.StructType, configuration: Mapping[str, str]
 ) -> FileStats:
-    """Delta statistics for one Parquet file from its footer."""
+    """Delta statistics for one Parquet file from its footer, keyed by the columns' logical names. Under
+    column mapping the file's columns are found by their physical names."""
     num_rows = metadata.num_rows
     columns, lowered = _chunks_by_path(metadata)
+    mapped = is_mapped(configuration)
     min_values: dict[str, Any] = {}
     max_values: dict[str, Any] = {}
     null_count: dict[str, Any] = {}
     for path, dtype in indexed_leaves(data_schema, configuration):
         if isinstance(dtype, (T.ArrayType, T.MapType)):
             continue  # Parquet counts null elements there, not null values of the column.
-        chunks = columns.get(path) or columns.get(lowered.get(tuple(p.lower() for p in path), ()))
+        stored = physical_path(data_schema, path) if mapped else path
+        chunks = columns.get(stored) or columns.get(lowered.get(tuple(p.lower() for p in stored), ()))
         if chunks is None:
             put_at_path(null_count, path, num_rows)  # a column the file lacks reads as NULL in every row
             continue

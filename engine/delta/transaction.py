@@ -28,7 +28,7 @@ import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlglot import exp
@@ -44,6 +44,7 @@ from engine.delta.actions import (
     SetTransaction,
     now_millis,
 )
+from engine.delta.column_mapping import has_physical_names, rename_partition_values, rename_stats
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError, ConcurrentDomainMetadataError
 from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported
@@ -293,7 +294,7 @@ class Transaction:
             assigned = iter(adds)
             files = [next(assigned) if isinstance(a, AddFile) else a for a in files]
         lines.extend(d.to_action() for d in domains)
-        lines.extend(a.to_action() for a in files)
+        lines.extend(_physical(a, table_metadata.schema).to_action() for a in files)
         return actions_to_json_lines(lines)
 
     def _previous_commit_timestamp(self) -> int:
@@ -417,3 +418,23 @@ def _describe(winner: CommitEntry) -> str:
     operation = info.get("operation", "a commit")
     engine = info.get("engineInfo") or info.get("clientVersion")
     return f"Concurrent {operation} (version {winner.version}{', ' + str(engine) if engine else ''})"
+
+
+FileAction = AddFile | RemoveFile | AddCDCFile
+
+
+def _physical(action: FileAction, schema: Any) -> FileAction:
+    """A file action as the log holds it: under column mapping, partition values and statistics keyed by
+    physical names (this layer keys them by logical names)."""
+    if not has_physical_names(schema):
+        return action
+    values = rename_partition_values(action.partition_values, schema, to_physical=True)
+    if isinstance(action, AddFile) and action.stats is not None:
+        stats = replace(
+            action.stats,
+            min_values=rename_stats(action.stats.min_values, schema, to_physical=True),
+            max_values=rename_stats(action.stats.max_values, schema, to_physical=True),
+            null_count=rename_stats(action.stats.null_count, schema, to_physical=True),
+        )
+        return replace(action, partition_values=values, stats=stats)
+    return replace(action, partition_values=values)

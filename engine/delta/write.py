@@ -24,6 +24,13 @@ from pyspark.sql import types as T
 
 from engine.delta import row_tracking
 from engine.delta.actions import AddCDCFile, AddFile, parse_schema
+from engine.delta.column_mapping import (
+    has_physical_names,
+    is_mapped,
+    physical_columns,
+    physical_name,
+    rename_partition_values,
+)
 from engine.delta.constraints import Constraint, table_constraints
 from engine.delta.deletion_vectors import read_deletion_vector, write_deletion_vector_file
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
@@ -249,6 +256,46 @@ def _session_tz(spark: SparkSession) -> str:
         return "UTC"
 
 
+Written = list[tuple[str, str, dict[str, str | None], os.stat_result]]
+
+
+class _StoredNames:
+    """Column mapping on the write side: the rows go out under the physical names (with field ids) and the
+    partition directories are named by physical names; the files' partition values come back by logical name.
+    Without column mapping every step is the identity."""
+
+    def __init__(self, target: T.StructType, configuration: Mapping[str, str]) -> None:
+        self.target = target
+        self.configuration = configuration
+        self.mapped = is_mapped(configuration)
+        unnamed = [f.name for f in target.fields if self.mapped and not has_physical_names(T.StructType([f]))]
+        if unnamed:
+            raise InvalidWriteError(f"Columns {unnamed} have no physical name on a column-mapped table")
+
+    def frame(self, df: DataFrame, *internal: str) -> DataFrame:
+        if not self.mapped:
+            return df
+        return df.select(*physical_columns(self.target, self.configuration), *[F.col(c) for c in internal])
+
+    def partitions(self, parts: dict[str, T.DataType]) -> dict[str, T.DataType]:
+        if not self.mapped:
+            return parts
+        return {_physical_name_of(self.target, name): dtype for name, dtype in parts.items()}
+
+    def logical(self, written: Written) -> Written:
+        if not self.mapped:
+            return written
+        return [
+            (relative, absolute, rename_partition_values(values, self.target, to_physical=False), stat)
+            for relative, absolute, values, stat in written
+        ]
+
+
+def _physical_name_of(schema: T.StructType, column: str) -> str:
+    field = field_at(schema, [column])
+    return column if field is None else physical_name(field)
+
+
 def _adds(
     snapshot: Snapshot, written: list[tuple[str, str, dict[str, str | None], os.stat_result]], data_schema: T.StructType
 ) -> list[AddFile]:
@@ -310,9 +357,10 @@ def write_data_files(
     conformed = _conform(df, target, extra=extra, constraints=table_constraints(snapshot.metadata))
     out_dir = os.path.join(snapshot.root, write_id)
     _check_fresh(out_dir)
+    stored = _StoredNames(target, snapshot.configuration)
     try:
-        _write(spark, conformed, out_dir, list(parts))
-        written = _list_written(snapshot.root, write_id, parts, _session_tz(spark))
+        _write(spark, stored.frame(conformed), out_dir, list(stored.partitions(parts)))
+        written = stored.logical(_list_written(snapshot.root, write_id, stored.partitions(parts), _session_tz(spark)))
         return _adds(snapshot, written, T.StructType([f for f in target.fields if f.name not in parts]))
     except BaseException:
         snapshot.storage.delete(write_id)
@@ -349,23 +397,26 @@ def write_data_and_cdc_files(
         constraints=table_constraints(snapshot.metadata),
         checked_rows=F.col(CHANGE_TYPE_COL).isNull(),
     )
-    split = conformed.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
+    # Change files hold physical names too, and ``_change_type`` under its own name (Delta's internal column).
+    stored = _StoredNames(target, snapshot.configuration)
+    split = stored.frame(conformed, CHANGE_TYPE_COL).withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
+    stored_parts = stored.partitions(parts)
     cdc_rel = f"{CHANGE_DATA_DIR}/{write_id}"
     out_dir = os.path.join(snapshot.root, write_id)
     cdc_dir = os.path.join(snapshot.root, CHANGE_DATA_DIR, write_id)
     _check_fresh(out_dir)
     _check_fresh(cdc_dir)
     try:
-        _write(spark, split, out_dir, [CDC_PARTITION_COL, *parts])
+        _write(spark, split, out_dir, [CDC_PARTITION_COL, *stored_parts])
         _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=true"), cdc_dir)
         _move_tree(os.path.join(out_dir, f"{CDC_PARTITION_COL}=false"), out_dir)
         tz = _session_tz(spark)
         adds = _adds(
             snapshot,
-            _list_written(snapshot.root, write_id, parts, tz),
+            stored.logical(_list_written(snapshot.root, write_id, stored_parts, tz)),
             T.StructType([f for f in target.fields if f.name not in parts]),
         )
-        cdcs = _cdcs(_list_written(snapshot.root, cdc_rel, parts, tz))
+        cdcs = _cdcs(stored.logical(_list_written(snapshot.root, cdc_rel, stored_parts, tz)))
     except BaseException:
         snapshot.storage.delete(write_id)
         snapshot.storage.delete(cdc_rel)
