@@ -21,7 +21,7 @@ from sqlglot import exp
 from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot, row_tracking
-from engine.delta import write as delta_write
+from engine.delta.dml_with_deletion_vectors import deletion_vectors_writable
 from engine.delta.identity import with_high_water_marks
 from engine.delta.type_widening import type_widening_enabled
 from engine.errors import (
@@ -249,7 +249,7 @@ class MergeIntoCommand:
         return (
             self.spec.deletion_vectors == "auto"
             and not self.spec.is_insert_only
-            and delta_write.deletion_vectors_writable(snapshot)
+            and deletion_vectors_writable(snapshot)
         )
 
     def _write_with_deletion_vectors(

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from engine import delta, single_pass
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
 from engine.delta import AddCDCFile, AddFile
-from engine.delta.write import mark_rows_deleted
+from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from engine.delta.actions import (
         AddCDCFile,
         AddFile,
-        FileStats,
         Metadata,
         Protocol,
         RemoveFile,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from engine.delta.commits import CommitEntry
     from engine.delta.constraints import GENERATION_KEY
     from engine.delta.features import DEFAULT_KEY, check_can_modify, check_readable, check_supported
+    from engine.delta.file_stats import FileStats
     from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
     from engine.delta.paths import ReadScope
     from engine.delta.scan import (
@@ -56,7 +56,7 @@ _EXPORTS = {
     "AddCDCFile": "engine.delta.actions",
     "AddFile": "engine.delta.actions",
     "CommitEntry": "engine.delta.commits",
-    "FileStats": "engine.delta.actions",
+    "FileStats": "engine.delta.file_stats",
     "Metadata": "engine.delta.actions",
     "Protocol": "engine.delta.actions",
     "RemoveFile": "engine.delta.actions",

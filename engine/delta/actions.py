@@ -6,136 +6,22 @@ Field names are snake_case here and Delta's camelCase in the log; ``to_action()`
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import Any
 
 from pyspark.sql import types as T
 
-from engine.delta.column_mapping import MAX_COLUMN_ID_KEY, assign_column_mapping, has_physical_names, rename_stats
+from engine.delta.column_mapping import MAX_COLUMN_ID_KEY, assign_column_mapping
 from engine.delta.deletion_vectors import DeletionVectorDescriptor
+from engine.delta.file_stats import FileStats
 from engine.delta.paths import log_path_to_local
-from engine.delta.values import field_at, leaf_fields, normalize_stat_value, put_at_path, stat_value_json
+from engine.delta.values import field_at
 
 
 def now_millis() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class FileStats:
-    """Delta's per-file statistics: ``numRecords``, ``minValues``, ``maxValues``, ``nullCount``; nested dicts for
-    struct columns, keyed by (physical = logical) column name. Values are typed (see engine.delta.values).
-
-    A file with a deletion vector keeps the statistics of its physical rows: ``numRecords`` counts them all, and
-    with ``tightBounds`` false min/max are bounds of the live rows and ``nullCount`` tells only "none" (0) or
-    "all" (``numRecords``) (PROTOCOL.md "Per-file Statistics"). Data skipping asks exactly those questions."""
-
-    num_records: int | None
-    min_values: Mapping[str, Any] = field(default_factory=dict)
-    max_values: Mapping[str, Any] = field(default_factory=dict)
-    null_count: Mapping[str, Any] = field(default_factory=dict)
-    tight_bounds: bool | None = None
-    """None when the statistics do not say, which the protocol reads as true."""
-
-    def to_json(self) -> str:
-        parts = []
-        if self.num_records is not None:
-            parts.append(f'"numRecords":{self.num_records}')
-        if self.tight_bounds is not None:
-            parts.append(f'"tightBounds":{"true" if self.tight_bounds else "false"}')
-        for key, values in (
-            ("minValues", self.min_values),
-            ("maxValues", self.max_values),
-            ("nullCount", self.null_count),
-        ):
-            if values:
-                parts.append(f'"{key}":{_nested_json(values)}')
-        return "{" + ",".join(parts) + "}"
-
-    @staticmethod
-    def from_json(text: str | None, schema: T.StructType) -> FileStats | None:
-        """Parse an ``add.stats`` string against the table schema; unknown or unparsable values are dropped."""
-        if not text:
-            return None
-        try:
-            raw = json.loads(text, parse_float=Decimal)
-        except ValueError:
-            return None
-        if not isinstance(raw, dict):
-            return None
-        num = raw.get("numRecords")
-        tight = raw.get("tightBounds")
-        mapped = has_physical_names(schema)
-
-        def logical(values: Any) -> Any:
-            # Column mapping: the log keys statistics by physical names.
-            return rename_stats(values, schema, to_physical=False) if mapped and isinstance(values, Mapping) else values
-
-        return FileStats(
-            num_records=int(num) if isinstance(num, (int, Decimal)) else None,
-            min_values=typed_stats(logical(raw.get("minValues")), schema),
-            max_values=typed_stats(logical(raw.get("maxValues")), schema),
-            null_count=_int_stats(logical(raw.get("nullCount"))),
-            tight_bounds=tight if isinstance(tight, bool) else None,
-        )
-
-    def value(self, kind: str, path: Sequence[str]) -> Any:
-        """One statistic by column path (``kind``: min_values, max_values or null_count); None if absent."""
-        node: Any = getattr(self, kind)
-        for name in path:
-            if not isinstance(node, Mapping):
-                return None
-            if name in node:
-                node = node[name]
-            else:
-                lowered = name.lower()
-                node = next((v for k, v in node.items() if k.lower() == lowered), None)
-        return None if isinstance(node, Mapping) else node
-
-
-def typed_stats(raw: Any, schema: T.StructType) -> dict[str, Any]:
-    """min/max values typed by the schema's leaf types; values of unknown columns are dropped."""
-    if not isinstance(raw, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for path, dtype in leaf_fields(schema):
-        node: Any = raw
-        for name in path:
-            node = node.get(name) if isinstance(node, Mapping) else None
-        if node is None or isinstance(node, Mapping):
-            continue
-        value = normalize_stat_value(node, dtype)
-        if value is not None:
-            put_at_path(out, path, value)
-    return out
-
-
-def _int_stats(raw: Any) -> dict[str, Any]:
-    if not isinstance(raw, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, Mapping):
-            nested = _int_stats(value)
-            if nested:
-                out[key] = nested
-        elif isinstance(value, (int, Decimal)) and not isinstance(value, bool):
-            out[key] = int(value)
-    return out
-
-
-def _nested_json(values: Mapping[str, Any]) -> str:
-    items = []
-    for key, value in values.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            continue  # not representable in JSON; a missing statistic is always safe
-        text = _nested_json(value) if isinstance(value, Mapping) else stat_value_json(value)
-        items.append(json.dumps(key, ensure_ascii=False) + ":" + text)
-    return "{" + ",".join(items) + "}"
 
 
 @dataclass(frozen=True)
@@ -447,7 +333,6 @@ __all__ = [
     "AddCDCFile",
     "AddFile",
     "DomainMetadata",
-    "FileStats",
     "Metadata",
     "Protocol",
     "RemoveFile",

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from engine.delta.actions import AddFile, DomainMetadata, FileStats, Metadata, Protocol, parse_schema
+from engine.delta.actions import AddFile, DomainMetadata, Metadata, Protocol, parse_schema
 from engine.delta.column_mapping import has_physical_names, physical_name, rename_stats
 from engine.delta.feature_table import feature as feature_row
+from engine.delta.file_stats import FileStats
 from engine.delta.log_replay import needs_log_replay, with_log_replay
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import types as T
 
-from engine.delta.actions import FileStats
 from engine.delta.column_mapping import is_mapped, physical_path
+from engine.delta.file_stats import FileStats
 from engine.delta.names import parse_column_path
 from engine.delta.values import (
     FLOAT_TYPES,

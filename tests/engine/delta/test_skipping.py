@@ -414,7 +414,7 @@ def test_string_and_timestamp_bounds_are_widened(empty_snapshot: Snapshot) -> No
     assert add.stats is not None and add.stats.max_values["s"] == "m" * 32 + "\x7f"
     assert add.stats.max_values["ts"] == T0 + dt.timedelta(microseconds=999)
     # the JSON statistic is truncated to milliseconds; what a reader gets back still keeps the row
-    from engine.delta.actions import FileStats
+    from engine.delta.file_stats import FileStats
 
     reread = FileStats.from_json(add.stats.to_json(), empty_snapshot.spark_schema)
     assert reread is not None and reread.max_values["ts"] == T0
