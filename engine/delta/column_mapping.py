@@ -117,6 +117,14 @@ def logical_columns(schema: T.StructType) -> list[Column]:
     return columns
 
 
+def read_columns(schema: T.StructType, configuration: Mapping[str, str]) -> tuple[T.StructType, list[Column]]:
+    """The schema to read a table's data files with (physical names, ids in ``id`` mode) and the columns that
+    answer ``schema``'s logical names from them."""
+    if not is_mapped(configuration):
+        return schema, [F.col(_quote(f.name)) for f in schema.fields]
+    return physical_schema(schema, configuration), logical_columns(schema)
+
+
 def physical_columns(schema: T.StructType, configuration: Mapping[str, str]) -> list[Column]:
     """Columns that turn rows with the logical names of ``schema`` into the physical rows a data file holds,
     with the field ids Spark's Parquet writer writes in both modes (Delta's writers always write them)."""

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
-from engine.delta.column_mapping import is_mapped, logical_columns, physical_schema
+from engine.delta.column_mapping import is_mapped, read_columns
 from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
@@ -293,10 +293,7 @@ def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileCol
 def _data_columns(snapshot: Snapshot, data_schema: T.StructType) -> tuple[bool, T.StructType, list[Column]]:
     """Column mapping: whether the files hold physical names (ids in id mode), the schema to read them with, and
     the columns that answer the table's logical names."""
-    mapped = is_mapped(snapshot.configuration)
-    read_schema = physical_schema(data_schema, snapshot.configuration)
-    columns = logical_columns(data_schema) if mapped else [F.col(quote_identifier(f.name)) for f in data_schema.fields]
-    return mapped, read_schema, columns
+    return (is_mapped(snapshot.configuration), *read_columns(data_schema, snapshot.configuration))
 
 
 def _scan_by_plain_paths(

@@ -11,6 +11,7 @@ from pyspark.sql import types as T
 
 from engine.delta import row_tracking as rt
 from engine.delta.actions import AddFile
+from engine.delta.column_mapping import read_columns
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
 from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
@@ -46,9 +47,10 @@ def scan_with_row_tracking(
     if names is None:
         raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
     row_id_name, version_name = names
+    stored_schema, data_columns = read_columns(data_schema, snapshot.configuration)
     read_schema = T.StructType(
         [
-            *data_schema.fields,
+            *stored_schema.fields,
             T.StructField(row_id_name, T.LongType(), True),
             T.StructField(version_name, T.LongType(), True),
         ]
@@ -56,7 +58,9 @@ def scan_with_row_tracking(
     mapping = _file_mapping(spark, snapshot, unique, partition_fields)
     data = spark.read.schema(read_schema).parquet(*(spark_read_path(snapshot.file_path(add)) for add in unique))
     data = data.select(
-        *[F.col(quote_identifier(f.name)) for f in read_schema.fields],
+        *data_columns,
+        F.col(quote_identifier(row_id_name)),
+        F.col(quote_identifier(version_name)),
         F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(LOCAL_PATH_COL),
         F.col("_metadata.row_index").alias(ROW_INDEX_COL),
     )

@@ -355,7 +355,7 @@ def write_data_files(
     _check_fresh(out_dir)
     stored = _StoredNames(target, snapshot.configuration)
     try:
-        _write(spark, stored.frame(conformed), out_dir, list(stored.partitions(parts)))
+        _write(spark, stored.frame(conformed, *(f.name for f in extra)), out_dir, list(stored.partitions(parts)))
         written = stored.logical(_list_written(snapshot.root, write_id, stored.partitions(parts), _session_tz(spark)))
         return _adds(snapshot, written, T.StructType([f for f in target.fields if f.name not in parts]))
     except BaseException:
@@ -382,20 +382,20 @@ def write_data_and_cdc_files(
     target = _resolve_schema(snapshot, schema)
     check_no_reserved_cdc_columns(target)
     parts = _partition_types(target, snapshot.partition_columns)
+    tracking = materialized_row_tracking_fields(snapshot) if materialized_row_tracking else []
     # Change rows hold table rows as they were or as the data rows hold them: only the data rows are checked.
     conformed = _conform(
         df,
         target,
-        extra=[
-            T.StructField(CHANGE_TYPE_COL, T.StringType(), True),
-            *(materialized_row_tracking_fields(snapshot) if materialized_row_tracking else []),
-        ],
+        extra=[T.StructField(CHANGE_TYPE_COL, T.StringType(), True), *tracking],
         constraints=table_constraints(snapshot.metadata),
         checked_rows=F.col(CHANGE_TYPE_COL).isNull(),
     )
-    # Change files hold physical names too, and ``_change_type`` under its own name (Delta's internal column).
+    # Change files hold physical names too, and ``_change_type`` (and the materialized row tracking columns) under
+    # their own names: Delta's internal columns.
     stored = _StoredNames(target, snapshot.configuration)
-    split = stored.frame(conformed, CHANGE_TYPE_COL).withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
+    split = stored.frame(conformed, CHANGE_TYPE_COL, *(f.name for f in tracking))
+    split = split.withColumn(CDC_PARTITION_COL, F.col(CHANGE_TYPE_COL).isNotNull())
     stored_parts = stored.partitions(parts)
     cdc_rel = f"{CHANGE_DATA_DIR}/{write_id}"
     out_dir = os.path.join(snapshot.root, write_id)

@@ -201,8 +201,19 @@ def _row_tracked_table(delta_spark: SparkSession, path: Path, properties: Mappin
         ({"delta.enableDeletionVectors": "true"}, "auto"),
         ({"delta.enableChangeDataFeed": "true"}, "off"),
         ({"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"}, "auto"),
+        ({"delta.columnMapping.mode": "name"}, "off"),
+        ({"delta.columnMapping.mode": "id", "delta.enableDeletionVectors": "true"}, "auto"),
+        ({"delta.columnMapping.mode": "name", "delta.enableChangeDataFeed": "true"}, "off"),
     ],
-    ids=["copy-on-write", "deletion-vectors", "cdf", "deletion-vectors-cdf"],
+    ids=[
+        "copy-on-write",
+        "deletion-vectors",
+        "cdf",
+        "deletion-vectors-cdf",
+        "column-mapping",
+        "column-mapping-id-dv",
+        "column-mapping-cdf",
+    ],
 )
 def test_merge_preserves_row_ids(
     spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, properties: dict[str, str], deletion_vectors: str
