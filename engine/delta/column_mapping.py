@@ -24,6 +24,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from engine.delta.values import strip_nullability
+
 MODE_KEY = "delta.columnMapping.mode"
 MAX_COLUMN_ID_KEY = "delta.columnMapping.maxColumnId"
 PHYSICAL_NAME_KEY = "delta.columnMapping.physicalName"
@@ -91,16 +93,6 @@ def physical_schema(schema: T.StructType, configuration: Mapping[str, str]) -> T
     return result
 
 
-def _as_nullable(dtype: T.DataType) -> T.DataType:
-    if isinstance(dtype, T.StructType):
-        return T.StructType([T.StructField(f.name, _as_nullable(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, T.ArrayType):
-        return T.ArrayType(_as_nullable(dtype.elementType), True)
-    if isinstance(dtype, T.MapType):
-        return T.MapType(_as_nullable(dtype.keyType), _as_nullable(dtype.valueType), True)
-    return dtype
-
-
 def _renames_nested(dtype: T.DataType) -> bool:
     return physical_type(dtype) != dtype
 
@@ -112,7 +104,7 @@ def logical_columns(schema: T.StructType) -> list[Column]:
     for f in schema.fields:
         column = F.col(_quote(physical_name(f)))
         if _renames_nested(f.dataType):
-            column = column.cast(_as_nullable(f.dataType))
+            column = column.cast(strip_nullability(f.dataType))
         columns.append(column.alias(f.name))
     return columns
 
