@@ -70,7 +70,7 @@ class FileStats:
             num_records=int(num) if isinstance(num, (int, Decimal)) else None,
             min_values=typed_stats(logical(raw.get("minValues")), schema),
             max_values=typed_stats(logical(raw.get("maxValues")), schema),
-            null_count=_int_stats(logical(raw.get("nullCount"))),
+            null_count=null_counts(logical(raw.get("nullCount"))),
             tight_bounds=tight if isinstance(tight, bool) else None,
         )
 
@@ -105,13 +105,14 @@ def typed_stats(raw: Any, schema: T.StructType) -> dict[str, Any]:
     return out
 
 
-def _int_stats(raw: Any) -> dict[str, Any]:
+def null_counts(raw: Any) -> dict[str, Any]:
+    """``nullCount`` as nested dicts of ints; anything else in it (a bool, a string) dropped."""
     if not isinstance(raw, Mapping):
         return {}
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if isinstance(value, Mapping):
-            nested = _int_stats(value)
+            nested = null_counts(value)
             if nested:
                 out[key] = nested
         elif isinstance(value, (int, Decimal)) and not isinstance(value, bool):

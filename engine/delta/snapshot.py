@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile, DomainMetadata, Metadata, Protocol, parse_schema
 from engine.delta.column_mapping import has_physical_names, physical_name, rename_stats
 from engine.delta.feature_table import feature as feature_row
-from engine.delta.file_stats import FileStats
+from engine.delta.file_stats import FileStats, null_counts
 from engine.delta.log_replay import needs_log_replay, with_log_replay
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
@@ -241,7 +241,7 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
                 num_records=int(row["num_records"]),
                 min_values=_typed(_logical(row.get("min"), schema, mapped), leaves),
                 max_values=_typed(_logical(row.get("max"), schema, mapped), leaves),
-                null_count=_counts(_logical(row.get("null_count"), schema, mapped)),
+                null_count=null_counts(_logical(row.get("null_count"), schema, mapped)),
             )
         files.append(
             AddFile(
@@ -293,18 +293,4 @@ def _typed(values: Any, leaves: list[tuple[tuple[str, ...], T.DataType]]) -> dic
         for name in path[:-1]:
             target = target.setdefault(name, {})
         target[path[-1]] = value
-    return out
-
-
-def _counts(values: Any) -> dict[str, Any]:
-    if not isinstance(values, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            nested = _counts(value)
-            if nested:
-                out[key] = nested
-        elif isinstance(value, int):
-            out[key] = value
     return out
