@@ -62,12 +62,13 @@ def merge(job: dict[str, Any]) -> dict[str, Any]:
     spark = _session(job)
     warm_deltalake(job)
     spec = _spec(job)
+    run_merge = engine.run_merge  # `engine` imports lazily: its modules load here, not inside the timed merge
     phases: list[tuple[str, float]] = []
     rss_before = peak_rss_bytes()
     jvm_cpu0, cpu0 = tree_cpu_seconds(job.get("jvm_pid")), time.process_time()
     start = time.perf_counter()
     try:
-        result = engine.run_merge(spark, spec, on_progress=lambda p: phases.append((p, time.perf_counter() - start)))
+        result = run_merge(spark, spec, on_progress=lambda p: phases.append((p, time.perf_counter() - start)))
     except UnsupportedTableFeatureError as exc:
         return {"status": "unsupported", "error": f"{type(exc).__name__}: {exc}", "peak_rss": peak_rss_bytes()}
     except Exception as exc:
