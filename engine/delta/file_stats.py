@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -90,10 +90,15 @@ class FileStats:
 
 def typed_stats(raw: Any, schema: T.StructType) -> dict[str, Any]:
     """min/max values typed by the schema's leaf types; values of unknown columns are dropped."""
+    return typed_leaf_values(raw, leaf_fields(schema))
+
+
+def typed_leaf_values(raw: Any, leaves: Iterable[tuple[tuple[str, ...], T.DataType]]) -> dict[str, Any]:
+    """min/max values at the given leaf paths, typed by their types; anything else dropped."""
     if not isinstance(raw, Mapping):
         return {}
     out: dict[str, Any] = {}
-    for path, dtype in leaf_fields(schema):
+    for path, dtype in leaves:
         node: Any = raw
         for name in path:
             node = node.get(name) if isinstance(node, Mapping) else None

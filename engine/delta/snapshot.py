@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile, DomainMetadata, Metadata, Protocol, parse_schema
 from engine.delta.column_mapping import has_physical_names, physical_name, rename_stats
 from engine.delta.feature_table import feature as feature_row
-from engine.delta.file_stats import FileStats, null_counts
+from engine.delta.file_stats import FileStats, null_counts, typed_leaf_values
 from engine.delta.log_replay import needs_log_replay, with_log_replay
 from engine.delta.paths import ReadScope, normalize_table
 from engine.delta.storage import Storage, storage_for
@@ -28,7 +28,6 @@ from engine.delta.type_widening import has_type_changes
 from engine.delta.values import (
     field_at,
     leaf_fields,
-    normalize_stat_value,
     serialize_partition_value,
     to_arrow_schema,
 )
@@ -239,8 +238,8 @@ def _files(dt: Any, schema: T.StructType, partition_columns: tuple[str, ...]) ->
         if row.get("num_records") is not None:
             stats = FileStats(
                 num_records=int(row["num_records"]),
-                min_values=_typed(_logical(row.get("min"), schema, mapped), leaves),
-                max_values=_typed(_logical(row.get("max"), schema, mapped), leaves),
+                min_values=typed_leaf_values(_logical(row.get("min"), schema, mapped), leaves),
+                max_values=typed_leaf_values(_logical(row.get("max"), schema, mapped), leaves),
                 null_count=null_counts(_logical(row.get("null_count"), schema, mapped)),
             )
         files.append(
@@ -274,23 +273,3 @@ def _field(schema: T.StructType, name: str) -> T.DataType | None:
         if f.name == name:
             return f.dataType
     return None
-
-
-def _typed(values: Any, leaves: list[tuple[tuple[str, ...], T.DataType]]) -> dict[str, Any]:
-    if not isinstance(values, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for path, dtype in leaves:
-        node: Any = values
-        for name in path:
-            node = node.get(name) if isinstance(node, Mapping) else None
-        if node is None or isinstance(node, Mapping):
-            continue
-        value = normalize_stat_value(node, dtype)
-        if value is None:
-            continue
-        target = out
-        for name in path[:-1]:
-            target = target.setdefault(name, {})
-        target[path[-1]] = value
-    return out
