@@ -14,6 +14,7 @@ from sqlglot.tokens import Token, TokenType
 from engine.errors import MergeSpecError
 from engine.expressions import DIALECT, parse_query
 from engine.functions import ALLOWED_FUNCTIONS, BARE_FUNCTION_NAMES, REFUSED_FUNCTIONS, SYNTAX_BEFORE_PAREN
+from engine.spark_dialect import regenerate
 
 NONDETERMINISTIC_FUNCTIONS = frozenset(
     {
@@ -92,7 +93,7 @@ def check_function_name(name: str, where: str) -> None:
 def spark_text(node: exp.Expr, where: str) -> str:
     """The Spark SQL text of a checked tree, as Spark will be sent it: regenerated (never the caller's own text,
     which Spark might read differently from sqlglot), without comments, and checked once more as Spark reads it."""
-    text = node.sql(dialect=DIALECT, comments=False)
+    text = regenerate(node, where)
     check_spark_text(text, where)
     return text
 

@@ -15,8 +15,7 @@ from sqlglot.errors import ParseError
 from engine.delta import quote_identifier as quote_identifier  # the one quoting of names, for the engine
 from engine.errors import MergeSpecError
 from engine.identifiers import quote_dereferenced_names
-
-DIALECT = "spark"
+from engine.spark_dialect import DIALECT, check_kept, regenerate
 
 MAX_EXPRESSION_CHARS = 65_536
 """The longest expression text a merge may give (ON, a condition, an assigned value)."""
@@ -124,6 +123,7 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(node, exp.Expression):
         raise MergeSpecError(f"{where}: {_excerpt(text)} is not an expression.", field=where)
     _check_tree(node, text, where)
+    check_kept(text, regenerate(node, where), where)
     return node
 
 
@@ -141,6 +141,6 @@ def parse_query(text: str, where: str) -> exp.Query:
     return parsed[0]
 
 
-def sql(node: exp.Expr) -> str:
+def sql(node: exp.Expr, where: str = "expression") -> str:
     """Spark SQL text of a tree, without comments (Spark and sqlglot read comments differently)."""
-    return node.sql(dialect=DIALECT, comments=False)
+    return regenerate(node, where)

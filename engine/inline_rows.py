@@ -21,6 +21,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine.errors import SourceError, SourceRowError
+from engine.spark_dialect import DIALECT
 
 MAX_NESTING = 32
 """The deepest nesting of structs, arrays and maps in inline rows and their schema: deeper data is refused at
@@ -55,7 +56,7 @@ _SIMPLE_TYPES: Mapping[exp.DType, pa.DataType] = {
 
 def _decimal_type(node: exp.DataType, column: str) -> pa.DataType:
     """DECIMAL, DECIMAL(p) or DECIMAL(p, s) within Spark's bounds."""
-    written = node.sql(dialect="spark")
+    written = node.sql(dialect=DIALECT)
     if len(node.expressions) > 2:
         raise SourceError(
             f"schema: {written} of column {column!r}: DECIMAL takes at most a precision and a scale.", field="schema"
@@ -110,7 +111,7 @@ def _arrow_type(node: exp.DataType, column: str, depth: int = 0) -> pa.DataType:
             fields.append(pa.field(field.name, _arrow_type(ftype, f"{column}.{field.name}", depth + 1)))
         return pa.struct(fields)
     raise SourceError(
-        f"schema: the type {node.sql(dialect='spark')} of column {column!r} is not supported.", field="schema"
+        f"schema: the type {node.sql(dialect=DIALECT)} of column {column!r} is not supported.", field="schema"
     )
 
 
@@ -121,7 +122,7 @@ def ddl_to_arrow(ddl: str) -> pa.Schema:
     if re.search(r"(^\s*,)|(,\s*(,|$))", ddl):
         raise SourceError(f"schema: {ddl!r} has an empty column definition.", field="schema")
     try:
-        create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read="spark")
+        create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read=DIALECT)
     except ParseError as exc:
         detail = exc.errors[0]["description"] if exc.errors else str(exc)
         raise SourceError(

@@ -18,6 +18,7 @@ from engine.errors import MergeSpecError
 from engine.expression_rules import check_source_query, spark_text, visible_ctes
 from engine.expressions import DIALECT, MAX_EXPRESSION_NESTING, nesting_depth, sql
 from engine.identifiers import InvalidIdentifierError, quote_merge_names
+from engine.spark_dialect import check_kept
 from engine.spec import (
     Action,
     DeleteAction,
@@ -223,6 +224,10 @@ def parse_merge_sql(text: str) -> MergeSpec:
     )
 
 
+_MERGE_GRAMMAR = frozenset({"by", "target"})
+"""``WHEN NOT MATCHED BY TARGET`` is ``WHEN NOT MATCHED``; sqlglot reads the two words as names."""
+
+
 def _merge_statement(text: str) -> exp.Merge:
     """The one MERGE statement of ``text``, parsed once its nesting is known to be bounded."""
     nesting = nesting_depth(text)
@@ -246,6 +251,7 @@ def _merge_statement(text: str) -> exp.Merge:
         ) from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
         raise MergeSpecError("sql: expected exactly one MERGE INTO statement.", field="sql")
+    check_kept(text, sql(statements[0], "sql"), "sql", grammar=_MERGE_GRAMMAR)
     return statements[0]
 
 

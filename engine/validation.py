@@ -13,7 +13,7 @@ from sqlglot import exp
 from engine.delta import ColumnPathError, parse_column_path, quote_path
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.expression_rules import check_expression, source_query_sql, spark_text
-from engine.expressions import parse_expression
+from engine.expressions import DIALECT, parse_expression
 from engine.merge_condition import MergeCondition
 from engine.spec import InsertAction, MergeClause, MergeSpec, QuerySource, UpdateAction
 
@@ -48,7 +48,7 @@ def check_scope(node: exp.Expr, clause_type: str, target_alias: str, source_alia
     for column in node.find_all(exp.Column):
         if column.table and str(column.table).lower() == other.lower() and not column.args.get("db"):
             raise MergeResolutionError(
-                f"{where}: {column.sql(dialect='spark')} cannot be resolved: {clause_name} clauses can only refer "
+                f"{where}: {column.sql(dialect=DIALECT)} cannot be resolved: {clause_name} clauses can only refer "
                 f"to the {side} ({alias}).",
                 field=where,
             )
