@@ -46,6 +46,10 @@ SESSION_CONF: Mapping[str, str] = {
     # Column mapping's id mode resolves a file's columns by Parquet field id; a read schema without ids (every
     # other table) still matches by name.
     "spark.sql.parquet.fieldId.read.enabled": "true",
+    # variantType stores a VARIANT as its metadata and value binaries; shredded columns (typed_value) are
+    # variantShredding's, a feature tables with VARIANT columns do not have.
+    "spark.sql.variant.writeShredding.enabled": "false",
+    "spark.sql.parquet.variant.annotateLogicalType.enabled": "false",
 }
 
 

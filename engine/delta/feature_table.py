@@ -136,11 +136,12 @@ FEATURES: tuple[TableFeature, ...] = (
         "variantType",
         READER_WRITER,
         _Y,
-        _U,
-        "VARIANT columns are read; merges are refused once a column is a VARIANT: Spark 4.3 writes VARIANT "
-        "shredded (`typed_value`), which needs variantShredding, where this feature requires unshredded values.",
+        _Y,
+        "VARIANT columns are read and written unshredded (their `metadata` and `value` binaries), as the feature "
+        "requires; they have no statistics. Schema evolution does not add a VARIANT column to a table without "
+        "the feature.",
     ),
-    TableFeature("variantType-preview", READER_WRITER, _Y, _U, "The preview name of variantType; the same rules."),
+    TableFeature("variantType-preview", READER_WRITER, _Y, _Y, "The preview name of variantType; the same rules."),
     TableFeature(
         "variantShredding",
         READER_WRITER,

@@ -47,7 +47,7 @@ from engine.delta.actions import (
 from engine.delta.column_mapping import has_physical_names, rename_partition_values, rename_stats
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError, ConcurrentDomainMetadataError
-from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported
+from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported, features_in_use
 from engine.delta.skipping import FilePredicate
 from engine.delta.snapshot import Snapshot
 from engine.delta.storage import CommitOutcomeUnknown, Storage
@@ -61,6 +61,7 @@ from engine.errors import (
     DeltaError,
     MetadataChangedError,
     ProtocolChangedError,
+    UnsupportedTableFeatureError,
 )
 
 log = logging.getLogger(__name__)
@@ -207,10 +208,13 @@ class Transaction:
             protocol = new_protocol or self.snapshot.protocol
             check_protocol_and_metadata(protocol, meta, where="new metadata")
             if "timestamp_ntz" in meta.schema_string and "timestampNtz" not in (protocol.writer_features or ()):
-                from engine.errors import UnsupportedTableFeatureError
-
                 raise UnsupportedTableFeatureError(
                     "A TIMESTAMP_NTZ column needs the timestampNtz table feature, which this table lacks"
+                )
+            variant = features_in_use(meta).get("variantType")
+            if variant and not {"variantType", "variantType-preview"} & set(protocol.writer_features or ()):
+                raise UnsupportedTableFeatureError(
+                    f"A VARIANT column needs the variantType table feature, which this table lacks ({variant})"
                 )
         paths = [a.path for a in actions if isinstance(a, AddFile)]
         if len(paths) != len(set(paths)):

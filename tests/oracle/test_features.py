@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from engine import MergeClause, MergeResult, run_merge
@@ -36,15 +38,17 @@ def merge_both(
     source: pa.Table,
     on: str,
     clauses: Sequence[MergeClause],
+    columns: str = "*",
     **spec: Any,
 ) -> MergeResult:
-    """The engine's merge into ``target`` and Delta's into a copy; both tables read by Delta must agree."""
+    """The engine's merge into ``target`` and Delta's into a copy; both tables read by Delta must agree (on
+    ``columns``: VARIANT values compare by their JSON)."""
     theirs = tmp / f"{target.name}-delta"
     shutil.copytree(target, theirs)
     source_path = write_table(tmp / f"{target.name}-source", source)
     result = run_merge(spark, make_spec(target, source_path, on, clauses, **spec))
     delta_spark.sql(merge_sql(theirs, source_path, on, clauses)).collect()
-    assert delta_rows(delta_spark, target) == delta_rows(delta_spark, theirs)
+    assert delta_rows(delta_spark, target, columns) == delta_rows(delta_spark, theirs, columns)
     return result
 
 
@@ -300,3 +304,71 @@ def test_identity_columns_generated_for_inserts(spark: SparkSession, delta_spark
 def _schema_metadata(path: Path) -> dict[str, dict[str, Any]]:
     meta = [a["metaData"] for a in log_actions(path) if "metaData" in a][-1]
     return {f["name"]: f["metadata"] for f in json.loads(meta["schemaString"])["fields"]}
+
+
+# --- variantType --------------------------------------------------------------------------------------------------
+
+
+def _variant_fields(parquet: Path) -> list[str]:
+    """The Parquet leaves of the VARIANT column ``v`` in one data file."""
+    schema = pq.ParquetFile(parquet).schema
+    return [schema.column(i).path for i in range(len(schema)) if schema.column(i).path.startswith("v.")]
+
+
+@pytest.mark.parametrize("deletion_vectors", [False, True], ids=["copy-on-write", "deletion-vectors"])
+def test_variant_columns_are_merged_unshredded(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, deletion_vectors: bool
+) -> None:
+    """PROTOCOL.md "Variant Data Type": a VARIANT is stored as a struct of ``metadata`` and ``value`` binaries;
+    shredded values (``typed_value``) belong to variantShredding, which the table does not have. Copied rows keep
+    their values, updated and inserted rows get Spark's own encoding of the new ones, and Delta reads them all."""
+    path = make_delta_table(
+        delta_spark,
+        tmp_path / "variant",
+        "id BIGINT, v VARIANT",
+        properties={"delta.enableDeletionVectors": str(deletion_vectors).lower()},
+        then_sql=[
+            "INSERT INTO {table} SELECT id, parse_json(to_json(named_struct('n', id, 'tags', array('a', string(id))))) "
+            "FROM range(0, 20, 1, 1)",
+            "INSERT INTO {table} VALUES (100, NULL)",
+        ],
+    )
+    assert "variantType" in _protocol(path)["writerFeatures"]
+    source = pa.table(
+        {
+            "id": pa.array([3, 7, 100, 21, 22], pa.int64()),
+            "js": pa.array(['{"n": -3}', '[1, 2.5, "x", null]', '"text"', '{"nested": {"deep": [true]}}', None]),
+        }
+    )
+    clauses = [
+        clause("matched", "update", v="parse_json(s.js)"),
+        clause("notMatched", "insert", id="s.id", v="parse_json(s.js)"),
+    ]
+    version = latest_version(path)
+    merge_both(spark, delta_spark, tmp_path, path, source, "t.id = s.id", clauses, columns="id, to_json(v)")
+    got = dict(delta_rows(delta_spark, path, "id, to_json(v)"))
+    assert got[3] == '{"n":-3}' and got[7] == '[1,2.5,"x",null]' and got[100] == '"text"' and got[22] is None
+    assert got[4] == '{"n":4,"tags":["a","4"]}'
+    assert variant_get_works(delta_spark, path)
+    added = [a["add"]["path"] for a in log_actions(path, version + 1) if "add" in a]
+    assert added
+    for name in added:
+        assert sorted(_variant_fields(path / name)) == ["v.metadata", "v.value"]
+    assert "variantShredding" not in _protocol(path).get("writerFeatures", [])
+    if deletion_vectors:
+        assert any(a["add"].get("deletionVector") for a in log_actions(path, version + 1) if "add" in a)
+    # delta-rs reads the table too: each VARIANT as its metadata and value binaries.
+    table = QueryBuilder().register("t", DeltaTable(str(path))).execute("SELECT id, v FROM t").read_all()
+    by_id = dict(zip(table.column("id").to_pylist(), table.column("v").to_pylist(), strict=True))
+    assert len(by_id) == 23 and by_id[22] is None and by_id[3] is not None
+    assert sorted(by_id[3]) == ["metadata", "value"]
+    delta_writes_on(delta_spark, path, update="t.v = s.v")
+
+
+def variant_get_works(delta_spark: SparkSession, path: Path) -> bool:
+    row = delta_spark.sql(f"SELECT variant_get(v, '$.n', 'int') AS n FROM {table_ref(path)} WHERE id = 3").collect()
+    return [r["n"] for r in row] == [-3]
+
+
+def _protocol(path: Path) -> dict[str, Any]:
+    return [a["protocol"] for a in log_actions(path) if "protocol" in a][-1]

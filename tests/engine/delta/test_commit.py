@@ -12,7 +12,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from engine.delta import Transaction, check_can_modify, load_snapshot
-from engine.errors import AppendOnlyTableError, CommitFailedError, DeltaError
+from engine.errors import AppendOnlyTableError, CommitFailedError, DeltaError, UnsupportedTableFeatureError
 
 from .util import log_entries, parquet_add, sorted_rows
 
@@ -137,6 +137,20 @@ def test_schema_evolution_metadata(lake: Path) -> None:
     assert rows[0]["added_on"] is None and rows[-1]["added_on"] == dt.date(2024, 1, 2)
     with pytest.raises(ValueError, match="partition column"):
         snapshot.metadata.with_schema('{"type":"struct","fields":[]}')
+
+
+@pytest.mark.parametrize(("column_type", "feature"), [("timestamp_ntz", "timestampNtz"), ("variant", "variantType")])
+def test_schema_evolution_needs_the_feature_a_new_column_type_requires(
+    lake: Path, column_type: str, feature: str
+) -> None:
+    """PROTOCOL.md: TIMESTAMP_NTZ and VARIANT columns need their table features; a commit that would add one to a
+    table without the feature is refused and writes nothing."""
+    path = _base(lake)
+    snapshot = load_snapshot(str(path))
+    evolved = snapshot.metadata.with_schema(snapshot.spark_schema.add("added", column_type))
+    with pytest.raises(UnsupportedTableFeatureError, match=f"needs the {feature} table feature"):
+        Transaction(snapshot).commit([evolved], operation="MERGE", operation_parameters={})
+    assert DeltaTable(str(path)).version() == 0
 
 
 def test_append_only_tables_refuse_removes(lake: Path) -> None:
