@@ -253,13 +253,21 @@ class ClassicMergeExecutor:
             return counted.alias(s).join(target.alias(t), on, "right_outer")
         if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
             return counted.alias(s).join(target.alias(t), on, "full_outer")
+        return self._broadcast_join_for_write(source, counted, target, keep_unmatched_target=True)
+
+    def _broadcast_join_for_write(
+        self, source: DataFrame, counted: DataFrame, target: DataFrame, *, keep_unmatched_target: bool
+    ) -> DataFrame:
+        """The source broadcast to the streamed target rows, united with the unmatched source rows; the target rows
+        no source row matches are kept (left outer) or left out (inner)."""
+        ctx = self.ctx
         bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows"))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
-            unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, s)
+            unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, ctx.spec.source_alias)
         else:
             unmatched = unmatched_source_rows(ctx, counted, ctx.touched_files, bitmap, probe=source)
-        return broadcast_full_outer(ctx, source, target, unmatched, bitmap)
+        return broadcast_full_outer(ctx, source, target, unmatched, bitmap, keep_unmatched_target=keep_unmatched_target)
 
     def find_touched_files_or_write(
         self, on_progress: Callable[[Phase], None]
@@ -332,13 +340,17 @@ class ClassicMergeExecutor:
         # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
         # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
         keeps_target = bool(spec.not_matched_by_source)
-        how = {
-            (False, False): "inner",
-            (False, True): "left_outer",
-            (True, False): "right_outer",
-            (True, True): "full_outer",
-        }[(keeps_target, bool(spec.not_matched))]
-        joined = counted.alias(s).join(target.alias(t), on, how)
+        if spec.not_matched and source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
+            # The target rows stream past the broadcast source instead of being shuffled to meet it.
+            joined = self._broadcast_join_for_write(source, counted, target, keep_unmatched_target=keeps_target)
+        else:
+            how = {
+                (False, False): "inner",
+                (False, True): "left_outer",
+                (True, False): "right_outer",
+                (True, True): "full_outer",
+            }[(keeps_target, bool(spec.not_matched))]
+            joined = counted.alias(s).join(target.alias(t), on, how)
         added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
             ctx, joined, dedup_columns, write_id=ctx.write_id
         )

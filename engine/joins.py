@@ -159,16 +159,25 @@ def unmatched_source_rows_by_matched_keys(
 
 
 def broadcast_full_outer(
-    ctx: MergeContext, source: DataFrame, target: DataFrame, unmatched: DataFrame, bitmap: KeyBitmap | None = None
+    ctx: MergeContext,
+    source: DataFrame,
+    target: DataFrame,
+    unmatched: DataFrame,
+    bitmap: KeyBitmap | None = None,
+    *,
+    keep_unmatched_target: bool = True,
 ) -> DataFrame:
     """``source FULL OUTER JOIN target`` as the target's broadcast left outer join with the source, united
-    with ``unmatched``: the unmatched source rows, with the source's columns."""
+    with ``unmatched``: the unmatched source rows, with the source's columns. Without ``keep_unmatched_target``
+    it is ``source LEFT OUTER JOIN target`` (the target's join with the source is inner), still streaming the
+    target past the broadcast source."""
     spec = ctx.spec
     s = spec.source_alias
     on = ctx.resolved.on
     if bitmap is not None:
         target, on = bitmap.probe_keys(target), bitmap.on(spec.target_alias, s)
-    with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), on, "left_outer")
+    how = "left_outer" if keep_unmatched_target else "inner"
+    with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), on, how)
     padded = unmatched.select(
         *[F.lit(None).cast(f.dataType).alias(f.name) for f in target.schema.fields],
         *[F.col(qualified_column(s, f.name)) for f in source.schema.fields],

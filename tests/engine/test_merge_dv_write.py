@@ -18,7 +18,7 @@ from engine import run_merge
 from engine.delta import load_snapshot
 from engine.delta.transaction import Transaction
 from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, kill_once_written, read_with_deltalake
-from tests.engine.harness import clause, make_spec, stray_files, write_table
+from tests.engine.harness import clause, join_plan, make_spec, stray_files, write_table
 from tests.engine.test_merge_dv import _KILLED_MERGE
 from tests.oracle.fixtures import delta_spark, delta_spark_server  # noqa: F401
 from tests.oracle.tables import make_delta_table
@@ -56,7 +56,18 @@ def _files_by_first_id(path: Path) -> list[str]:
     return [f.path for f in sorted(snapshot.files, key=lambda f: f.stats.min_values["id"])]  # type: ignore[union-attr]
 
 
-def test_upsert_writes_deletion_vectors(spark: SparkSession, lake: Path) -> None:
+# The join of writeAllChanges: both sides shuffled, or the source broadcast past the streamed target with its unmatched
+# rows found by a semi join, or through the source's key bitmap (held target rows, or the semi join on it).
+JOIN_PLANS = {
+    "shuffled": {"broadcast": False},
+    "broadcast": {"broadcast": True},
+    "broadcast-held": {"broadcast": True, "key_bitmap": "held"},
+    "broadcast-semi": {"broadcast": True, "key_bitmap": "semi"},
+}
+
+
+@pytest.mark.parametrize("plan", list(JOIN_PLANS))
+def test_upsert_writes_deletion_vectors(spark: SparkSession, lake: Path, plan: str) -> None:
     target = _target(lake)
     files = _files_by_first_id(target)
     live = _live(target)
@@ -65,7 +76,8 @@ def test_upsert_writes_deletion_vectors(spark: SparkSession, lake: Path) -> None
     spec = make_spec(
         target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")]
     )
-    result = run_merge(spark, spec)
+    with join_plan(**JOIN_PLANS[plan]):  # type: ignore[arg-type]
+        result = run_merge(spark, spec)
 
     expected = dict(live)
     for i in ids:
@@ -189,10 +201,16 @@ def _cdf(path: Path) -> list[Row]:
     return sorted(zip(*values, strict=True))
 
 
-@pytest.mark.parametrize("clauses", ["upsert", "delete_nmbs"])
-def test_change_data_feed_equals_copy_on_write(spark: SparkSession, lake: Path, clauses: str) -> None:
+@pytest.mark.parametrize("plan", list(JOIN_PLANS))
+@pytest.mark.parametrize("clauses", ["upsert", "upsert_nmbs", "delete_nmbs"])
+def test_change_data_feed_equals_copy_on_write(spark: SparkSession, lake: Path, clauses: str, plan: str) -> None:
     chosen = {
         "upsert": [clause("matched", "update_all"), clause("notMatched", "insert_all")],
+        "upsert_nmbs": [
+            clause("matched", "update_all"),
+            clause("notMatched", "insert_all"),
+            clause("notMatchedBySource", "delete", "t.id > 290"),
+        ],
         "delete_nmbs": [clause("matched", "delete"), clause("notMatchedBySource", "update", "t.id > 295", v="'x'")],
     }[clauses]
     results = []
@@ -200,7 +218,8 @@ def test_change_data_feed_equals_copy_on_write(spark: SparkSession, lake: Path, 
         root = lake / mode
         target = _target(root, cdf=True)
         source = write_table(root / "source", _rows([1, 2, 150, 400], "s"))
-        run_merge(spark, make_spec(target, source, "t.id = s.id", chosen, deletion_vectors=mode))
+        with join_plan(**JOIN_PLANS[plan]):  # type: ignore[arg-type]
+            run_merge(spark, make_spec(target, source, "t.id = s.id", chosen, deletion_vectors=mode))
         results.append((_cdf(target), _live(target)))
     assert results[0] == results[1]
     assert results[0][0]
