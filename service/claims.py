@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import and_, bindparam, exists, func, select, update
 from sqlalchemy import exc as sa_exc
 
-from service.jobs import ClaimedJob, Lease, Phase, Status
+from service.callback_outbox import enqueue_delivery
+from service.jobs import CallbackEvent, ClaimedJob, Lease, Phase, Status
 from service.models import jobs
 from service.store import JobStore
 
@@ -62,6 +63,7 @@ def _claim(where: Any) -> Any:
             jobs.c.dry_run,
             jobs.c.submitted_at,
             jobs.c.started_at,
+            jobs.c.callback_url,
         )
     )
 
@@ -95,10 +97,15 @@ class JobClaims(JobStore):
                     now = self.clock()
                     params = {"now": now, "expires": now + self.lease, "owner": owner}
                     row = conn.execute(CLAIM_SEQ, {**params, "claim_seq": seq}).first()
+                if row is None:
+                    return None
+                # The job's first attempt starts: its started callback is promised in the same transaction, and
+                # later attempts (retries) promise none.
+                started_event = row.callback_url is not None and row.attempts == 1
+                if started_event:
+                    enqueue_delivery(conn, row.id, now, CallbackEvent.STARTED)
         except sa_exc.IntegrityError:
             # The unique index on running jobs per target refused a second running job: someone else won.
-            return None
-        if row is None:
             return None
         return ClaimedJob(
             lease=Lease(job_id=row.id, owner=owner, attempt=row.attempts),
@@ -109,4 +116,5 @@ class JobClaims(JobStore):
             dry_run=bool(row.dry_run),
             submitted_at=row.submitted_at,
             started_at=row.started_at,
+            started_event=started_event,
         )

@@ -51,6 +51,37 @@ def check_transition(current: Status | str, target: Status | str) -> None:
         raise InvalidTransitionError(f"A {current.value} job cannot become {target.value}.")
 
 
+class DeliveryStatus(StrEnum):
+    """A completion callback's state: ``pending`` until delivered or given up on."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class CallbackEvent(StrEnum):
+    """What a callback tells: the job's first attempt started, or the job ended with this status. Each event of a
+    job is its own delivery; one job has at most one of each."""
+
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class CallbackState:
+    """A job's completion callback as the API shows it: the delivery of its end event, so ``delivery_id`` is None
+    until the job is final (the ``started`` event's delivery is not shown)."""
+
+    url: str
+    status: DeliveryStatus
+    delivery_id: str | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    delivered_at: datetime | None = None
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """A job as the API shows it (the spec itself is not loaded for listings)."""
@@ -72,6 +103,7 @@ class JobRecord:
     error: dict[str, Any] | None
     cancel_requested: bool
     engine: str = "builtin"
+    callback: CallbackState | None = None
 
     @property
     def finished(self) -> bool:
@@ -97,6 +129,8 @@ class ClaimedJob:
     dry_run: bool
     submitted_at: datetime
     started_at: datetime
+    started_event: bool = False
+    """This claim promised the job's ``started`` callback (its first attempt, with a callback URL)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,7 @@ class NewJob:
     idempotency_scope: str = ""
     """Who the key belongs to: the fingerprint of the caller's token ("" without tokens)."""
     engine: str = "builtin"
+    callback_url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, select, update
 
+from service.callback_outbox import enqueue_delivery
 from service.errors import LeaseLostError
 from service.jobs import ENGINE_PHASES, Lease, Phase, Status, sources_for
 from service.models import jobs
@@ -105,10 +106,14 @@ class JobLeases(JobStore):
                 updated_at=now_param,
                 **values,
             )
+            .returning(jobs.c.callback_url)
         )
         with self._tx(write=True) as conn:
-            done = conn.execute(statement, {"now": self.clock()}).rowcount
-        if not done:
+            now = self.clock()
+            done = conn.execute(statement, {"now": now}).first()
+            if done is not None and done.callback_url is not None:
+                enqueue_delivery(conn, lease.job_id, now, status.value)
+        if done is None:
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
 
     def succeed(
@@ -127,7 +132,7 @@ class JobLeases(JobStore):
         with self._tx(write=True) as conn:
             now = self.clock()
             row = conn.execute(
-                select(jobs.c.cancel_requested, jobs.c.commit_started).where(self._fenced(lease))
+                select(jobs.c.cancel_requested, jobs.c.commit_started, jobs.c.callback_url).where(self._fenced(lease))
             ).first()
             if row is None:
                 raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held.")
@@ -148,6 +153,8 @@ class JobLeases(JobStore):
                 .where(self._fenced(lease))
                 .values(error=error, lease_owner=None, lease_expires_at=None, updated_at=now, **values)
             )
+            if values["status"] == Status.CANCELLED.value and row.callback_url is not None:
+                enqueue_delivery(conn, lease.job_id, now, Status.CANCELLED.value)
         return Status(values["status"])
 
     def reclaim_expired(self, *, max_attempts: int, lost_problem: Callable[[int], dict[str, Any]]) -> list[str]:
@@ -161,7 +168,12 @@ class JobLeases(JobStore):
         with self._tx(write=True) as conn:
             now = self.clock()
             stmt = select(
-                jobs.c.id, jobs.c.attempts, jobs.c.cancel_requested, jobs.c.commit_started, jobs.c.phase
+                jobs.c.id,
+                jobs.c.attempts,
+                jobs.c.cancel_requested,
+                jobs.c.commit_started,
+                jobs.c.phase,
+                jobs.c.callback_url,
             ).where(jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now)
             if not self._sqlite:
                 stmt = stmt.with_for_update(skip_locked=True)
@@ -191,4 +203,6 @@ class JobLeases(JobStore):
                 ).rowcount
                 if done:
                     taken.append(row.id)
+                    if values["status"] != Status.QUEUED.value and row.callback_url is not None:
+                        enqueue_delivery(conn, row.id, now, values["status"])
         return taken

@@ -82,6 +82,24 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.spark_executors.set(math.nan)
+        self.callback_deliveries = Counter(
+            "merge_callback_deliveries",
+            "Completion callback attempts, by outcome: delivered, retry (will be tried again), failed (given up).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.callback_delivery_seconds = Histogram(
+            "merge_callback_delivery_seconds",
+            "Time from a callback's event (a job's start or end) to its delivery.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.callback_request_seconds = Histogram(
+            "merge_callback_request_seconds",
+            "Time one completion callback request took, whatever the receiver answered.",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
         self.http_requests = Counter(
             "merge_http_requests",
             "HTTP requests answered, by method, route and status.",

@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
     false,
     text,
 )
@@ -69,6 +70,10 @@ class Job(Base):
         Index("ux_merge_jobs_idempotency", "idempotency_scope", "idempotency_key", unique=True),
         # A token lists its own jobs, newest first.
         Index("ix_merge_jobs_scope_submitted", "idempotency_scope", "submitted_at", "id"),
+        # The operations page: failures and finished merges by finish time, and counts per table and status.
+        Index("ix_merge_jobs_status_finished", "status", "finished_at", "id"),
+        Index("ix_merge_jobs_scope_status_finished", "idempotency_scope", "status", "finished_at", "id"),
+        Index("ix_merge_jobs_scope_target_status", "idempotency_scope", "target_key", "status"),
         {"sqlite_autoincrement": True},
     )
 
@@ -103,6 +108,38 @@ class Job(Base):
     look for the job's txn in the table."""
     next_run_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    """Where the job's completion callback goes (``service.callback_delivery``); None for no callback."""
+
+
+class CallbackDelivery(Base):
+    """The outbox of completion callbacks: one row per event of a job with a callback (``started`` in the
+    transaction that starts its first attempt, its end in the one that makes it final), so a worker killed after
+    that commit cannot lose the delivery."""
+
+    __tablename__ = "merge_callbacks"
+    __table_args__ = (
+        Index("ix_merge_callbacks_due", "status", "next_attempt_at"),
+        UniqueConstraint("job_id", "event", name="uq_merge_callbacks_job_event"),
+    )
+
+    id: Mapped[str] = mapped_column(String(26), primary_key=True)
+    """The delivery id, sent with every attempt so that receivers can drop repeats."""
+    job_id: Mapped[str] = mapped_column(String(26), nullable=False)
+    event: Mapped[str] = mapped_column(String(16), nullable=False)
+    """A ``CallbackEvent``: ``started`` or the status the job ended with."""
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    """The id of the key that signed the latest attempt (never the key): which secret a receiver checks with."""
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
 jobs = cast(Table, Job.__table__)
+callbacks = cast(Table, CallbackDelivery.__table__)

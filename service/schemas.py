@@ -88,6 +88,14 @@ SourceIn = Annotated[
 ]
 
 EngineName = Literal["builtin", "delta"]
+CallbackUrl = Annotated[
+    StrictStr,
+    Field(
+        min_length=1,
+        max_length=2048,
+        description="An http or https URL the service POSTs the finished job to, signed (docs/api.md).",
+    ),
+]
 """Which engine runs a merge: the service's own, or Delta Lake's own MERGE INTO (``service.engines``)."""
 
 # --- clauses --------------------------------------------------------------------------------------------------
@@ -140,6 +148,7 @@ class StructuredMergeIn(_Strict):
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
     engine: EngineName | None = None
+    callback: CallbackUrl | None = None
 
 
 class SqlMergeIn(_Strict):
@@ -150,6 +159,7 @@ class SqlMergeIn(_Strict):
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
     engine: EngineName | None = None
+    callback: CallbackUrl | None = None
 
 
 def _merge_kind(value: Any) -> str:
@@ -200,6 +210,17 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 PhaseName = Literal["queued", "preparing_source", "finding_touched_files", "writing", "committing", "done"]
 
 
+class CallbackOut(BaseModel):
+    """A job's completion callback and how its delivery stands."""
+
+    url: str
+    status: Literal["pending", "delivered", "failed"]
+    delivery_id: str | None
+    attempts: int
+    last_error: str | None
+    delivered_at: datetime | None
+
+
 class JobOut(BaseModel):
     id: str
     status: Status
@@ -215,6 +236,7 @@ class JobOut(BaseModel):
     result: dict[str, int] | None
     metrics: dict[str, int] | None
     error: JobError | None
+    callback: CallbackOut | None = None
 
 
 class JobListOut(BaseModel):

@@ -6,7 +6,7 @@ import os
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 CommaList = Annotated[list[str], NoDecode]
@@ -21,7 +21,8 @@ def _split_commas(value: Any) -> Any:
 class Settings(BaseSettings):
     """Everything a deployment can change. Defaults are the embedded, single-machine setup."""
 
-    model_config = SettingsConfigDict(env_prefix="MERGE_SERVICE_", extra="ignore")
+    # Errors name the setting and what is wrong, never the value: tokens, secrets and database passwords are values.
+    model_config = SettingsConfigDict(env_prefix="MERGE_SERVICE_", extra="ignore", hide_input_in_errors=True)
 
     database_url: str = "sqlite:///./var/merge-service.db"
     spark_remote: str = "local"
@@ -76,10 +77,40 @@ class Settings(BaseSettings):
     readiness_timeout_seconds: float = Field(default=2.0, gt=0)
     """How long /readyz waits for the job database's answer before it answers 503."""
 
-    @field_validator("lake_roots", "api_tokens", "admin_tokens", mode="before")
+    # --- completion callbacks (``service.callback_delivery``) ------------------------------------------------
+    callback_secret: SecretStr | None = None
+    """The key of the HMAC-SHA256 signature on callbacks of tokens without a secret of their own
+    (``callback_tokens``). Unset: such tokens' submissions naming a callback are refused."""
+    callback_tokens: SecretStr | None = None
+    """Per-token callbacks, JSON: ``{"<api token>": {"url": "https://...", "secret": "..."}}``. ``url`` is where
+    a job of that token calls back when its spec names no callback; ``secret`` signs that token's callbacks
+    instead of ``callback_secret``. Each token must be one of ``api_tokens`` or ``admin_tokens``."""
+    callback_allowed_hosts: CommaList = Field(default_factory=list)
+    """The hosts callbacks may go to: host names, ``*.domain`` wildcards (names below the domain) and networks
+    (``10.2.0.0/16``, ``203.0.113.7``). Empty: every callback is refused. A loopback, private, link-local,
+    multicast, reserved or unspecified address is refused unless a listed network contains it."""
+    callback_timeout_seconds: float = Field(default=10.0, gt=0)
+    """How long one callback request may take; a delivery's lease is this plus ``lease_seconds``."""
+    callback_max_attempts: int = Field(default=12, ge=1)
+    callback_max_age_seconds: float = Field(default=86400.0, gt=0)
+    """A callback not delivered this long after its job ended is given up on (``failed``)."""
+    callback_backoff_base_seconds: float = Field(default=1.0, gt=0)
+    callback_backoff_max_seconds: float = Field(default=600.0, gt=0)
+    callback_poll_interval_seconds: float = Field(default=1.0, gt=0)
+    """How often a worker looks for due callbacks (it looks at once when one of its own jobs ends)."""
+
+    @field_validator("lake_roots", "api_tokens", "admin_tokens", "callback_allowed_hosts", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return _split_commas(value)
+
+    @field_validator("callback_allowed_hosts")
+    @classmethod
+    def _allowed_hosts(cls, value: list[str]) -> list[str]:
+        from service.callback_urls import Allowlist
+
+        Allowlist.parse(value)  # raises ValueError naming an entry that is neither a host name nor a network
+        return value
 
     @model_validator(mode="after")
     def _heartbeat_inside_lease(self) -> Settings:
@@ -87,6 +118,28 @@ class Settings(BaseSettings):
             raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
         if not self.lake_roots:
             raise ValueError("at least one lake root is required")
+        return self
+
+    @model_validator(mode="after")
+    def _callback_tokens(self) -> Settings:
+        """Every token's callback settings must work before the service takes a request."""
+        from service.callback_keys import parse_callback_tokens
+        from service.callback_urls import CallbackUrlError, check_target, parse_callback_url
+
+        if self.callback_tokens is None:
+            return self
+        entries = parse_callback_tokens(self.callback_tokens.get_secret_value(), [*self.api_tokens, *self.admin_tokens])
+        for position, entry in enumerate(entries.values(), start=1):
+            if entry.url is None:
+                continue
+            if entry.key is None and self.callback_secret is None:
+                raise ValueError(
+                    f"callback_tokens: entry {position} has a url but no secret, and callback_secret is not set"
+                )
+            try:
+                check_target(parse_callback_url(entry.url), self)
+            except CallbackUrlError as exc:
+                raise ValueError(f"callback_tokens: entry {position}: url: {exc}") from None
         return self
 
 

@@ -9,14 +9,14 @@ from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Connection, Engine, Row, Select, and_, select
 from sqlalchemy import exc as sa_exc
 
 from service import migrate
 from service.db import SQLITE_BUSY_TIMEOUT_MS, create_db_engine, is_sqlite
 from service.errors import DatabaseUnavailableError
-from service.jobs import JobRecord, Phase, Status
-from service.models import jobs
+from service.jobs import CallbackEvent, CallbackState, DeliveryStatus, JobRecord, Phase, Status
+from service.models import callbacks, jobs
 
 Clock = Callable[[], datetime]
 
@@ -43,7 +43,42 @@ RECORD_COLUMNS = (
     jobs.c.error,
     jobs.c.cancel_requested,
     jobs.c.engine,
+    jobs.c.callback_url,
 )
+DELIVERY_COLUMNS = (
+    callbacks.c.id.label("delivery_id"),
+    callbacks.c.status.label("delivery_status"),
+    callbacks.c.attempts.label("delivery_attempts"),
+    callbacks.c.last_error.label("delivery_last_error"),
+    callbacks.c.delivered_at.label("delivery_delivered_at"),
+)
+
+
+def select_records() -> Select[Any]:
+    """Jobs with the delivery of their end's callback (a final job with a callback has one such row in the
+    outbox, beside the delivery of its ``started`` event)."""
+    return select(*RECORD_COLUMNS, *DELIVERY_COLUMNS).select_from(
+        jobs.outerjoin(
+            callbacks, and_(callbacks.c.job_id == jobs.c.id, callbacks.c.event != CallbackEvent.STARTED.value)
+        )
+    )
+
+
+def callback_state(m: Any) -> CallbackState | None:
+    """A row's callback; rows read without the outbox (a new job's) show it waiting for the job to end."""
+    url = m.get("callback_url")
+    if url is None:
+        return None
+    if m.get("delivery_id") is None:
+        return CallbackState(url=url, status=DeliveryStatus.PENDING)
+    return CallbackState(
+        url=url,
+        status=DeliveryStatus(m["delivery_status"]),
+        delivery_id=m["delivery_id"],
+        attempts=m["delivery_attempts"],
+        last_error=m["delivery_last_error"],
+        delivered_at=m["delivery_delivered_at"],
+    )
 
 
 def job_record(row: Row[Any] | Any) -> JobRecord:
@@ -66,6 +101,7 @@ def job_record(row: Row[Any] | Any) -> JobRecord:
         error=m["error"],
         cancel_requested=bool(m["cancel_requested"]),
         engine=m["engine"],
+        callback=callback_state(m),
     )
 
 

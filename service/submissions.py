@@ -9,20 +9,23 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, select, text, update
+from sqlalchemy import and_, bindparam, insert, text, update
 from sqlalchemy import exc as sa_exc
 from ulid import ULID
 
+from service.callback_outbox import enqueue_delivery
 from service.errors import IdempotencyConflictError, JobNotFoundError
 from service.jobs import JobRecord, NewJob, Phase, Status
 from service.models import jobs
-from service.store import RECORD_COLUMNS, JobStore, job_record
+from service.store import RECORD_COLUMNS, JobStore, job_record, select_records
 
 # The API's hot statements, built once: SQLAlchemy then finds their compiled form by a cache key it computed once,
 # instead of building the statement and its key anew on every request.
 INSERT_JOB = insert(jobs).returning(*RECORD_COLUMNS)
-SELECT_BY_IDEMPOTENCY_KEY = select(*RECORD_COLUMNS, jobs.c.request_hash).where(
-    jobs.c.idempotency_scope == bindparam("scope"), jobs.c.idempotency_key == bindparam("key")
+SELECT_BY_IDEMPOTENCY_KEY = (
+    select_records()
+    .add_columns(jobs.c.request_hash)
+    .where(jobs.c.idempotency_scope == bindparam("scope"), jobs.c.idempotency_key == bindparam("key"))
 )
 
 
@@ -55,6 +58,7 @@ class JobSubmissions(JobStore):
                         "spec": new.spec,
                         "dry_run": new.dry_run,
                         "engine": new.engine,
+                        "callback_url": new.callback_url,
                         "submitted_at": now,
                         "attempts": 0,
                         "idempotency_key": new.idempotency_key,
@@ -98,7 +102,7 @@ class JobSubmissions(JobStore):
             now = self.clock()
             # A queued job whose earlier attempt began committing may already be in the table: its next attempt
             # looks for its txn first, and honours the cancel only if the commit did not land.
-            done = conn.execute(
+            ended = conn.execute(
                 update(jobs)
                 .where(this_job, jobs.c.status == Status.QUEUED.value, ~jobs.c.commit_started)
                 .values(
@@ -108,14 +112,18 @@ class JobSubmissions(JobStore):
                     error=problem,
                     updated_at=now,
                 )
-            ).rowcount
+                .returning(jobs.c.callback_url)
+            ).first()
+            done = ended is not None
+            if ended is not None and ended.callback_url is not None:
+                enqueue_delivery(conn, job_id, now, Status.CANCELLED.value)
             if not done:
                 conn.execute(
                     update(jobs)
                     .where(this_job, jobs.c.status.in_([Status.RUNNING.value, Status.QUEUED.value]))
                     .values(cancel_requested=True, updated_at=now)
                 )
-            row = conn.execute(select(*RECORD_COLUMNS).where(this_job)).first()
+            row = conn.execute(select_records().where(this_job)).first()
         if row is None:
             raise JobNotFoundError(job_id)
         return job_record(row), bool(done)

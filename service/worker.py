@@ -19,6 +19,7 @@ from ulid import ULID
 
 import engine.errors as engine_errors
 from service import engines
+from service.callback_delivery import CallbackDeliverer
 from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError
 from service.job_control import JobControl
 from service.jobs import ClaimedJob
@@ -55,6 +56,8 @@ class Worker:
         self._current: JobControl | None = None
         self._last_reclaim = 0.0
         self._log = log.bind(worker=self.id)
+        self.callbacks = CallbackDeliverer(settings, self.manager, self.metrics, self.id)
+        """Sends the completion callbacks of every worker's jobs, on a thread of its own."""
 
     # --- life cycle ---------------------------------------------------------------------------------------
 
@@ -64,6 +67,7 @@ class Worker:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name=f"merge-worker-{self.id}", daemon=True)
         self._thread.start()
+        self.callbacks.start()
         self._log.info("worker started")
 
     def request_stop(self) -> None:
@@ -89,6 +93,7 @@ class Worker:
                 current.abandon()
                 self._log.warning("the running attempt did not stop in time; its lease will lapse")
         self._thread = None
+        self.callbacks.stop()
         self.runner.close()
         if self._owns_manager:
             self.manager.dispose()
@@ -125,6 +130,8 @@ class Worker:
         taken = self.manager.reclaim_expired(max_attempts=self.settings.max_attempts, lost_problem=lease_lost_problem)
         for job_id in taken:
             self._log.warning("took back a job whose lease expired", job_id=job_id)
+        if taken:
+            self.callbacks.wake()  # a job taken back may have ended
         return taken
 
     def run_once(self) -> bool:
@@ -153,6 +160,8 @@ class Worker:
             self._current = control
             started = time.monotonic()
             log.info("job started", seq=job.seq)
+            if job.started_event:
+                self.callbacks.wake()
             control.start()
             try:
                 outcome = self._run(job, control)
@@ -162,6 +171,7 @@ class Worker:
             self.metrics.job_run_seconds.labels(outcome).observe(time.monotonic() - started)
             if outcome in ("succeeded", "failed", "cancelled"):
                 self.metrics.jobs_finished.labels(outcome).inc()
+                self.callbacks.wake()
             elif outcome == "retry":
                 self.metrics.job_retries.inc()
 

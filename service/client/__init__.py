@@ -21,11 +21,13 @@ from service.client.errors import (
 )
 from service.client.http import DEFAULT_URL, AsyncJobHandle, AsyncMergeClient, JobHandle, MergeClient, RetryPolicy
 from service.client.jobs import Job
+from service.client.signatures import CallbackSignatureError, verify_callback
 
 __all__ = [
     "DEFAULT_URL",
     "AsyncJobHandle",
     "AsyncMergeClient",
+    "CallbackSignatureError",
     "ConflictError",
     "FieldError",
     "Job",
@@ -45,4 +47,5 @@ __all__ = [
     "merge",
     "rows_source",
     "table_source",
+    "verify_callback",
 ]

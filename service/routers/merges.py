@@ -10,12 +10,12 @@ import structlog
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.responses import JSONResponse
 
-from service import engines
+from service import callback_urls, engines
 from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
 from service.jobs import JobRecord, NewJob, Status
 from service.middleware import StrictJsonRoute
 from service.problems import cancelled_problem
-from service.schemas import JobListOut, JobOut, MergeRequest, Problem
+from service.schemas import CallbackOut, JobListOut, JobOut, MergeRequest, Problem
 from service.specs import build_merge
 
 router = APIRouter(prefix="/merges", tags=["merges"], route_class=StrictJsonRoute)
@@ -44,6 +44,20 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 JobId = Annotated[str, Path(alias="id", description="The job's id.")]
 
 
+def callback_out(job: JobRecord) -> CallbackOut | None:
+    callback = job.callback
+    if callback is None:
+        return None
+    return CallbackOut(
+        url=callback.url,
+        status=callback.status.value,
+        delivery_id=callback.delivery_id,
+        attempts=callback.attempts,
+        last_error=callback.last_error,
+        delivered_at=callback.delivered_at,
+    )
+
+
 def job_out(job: JobRecord) -> JobOut:
     return JobOut(
         id=job.id,
@@ -60,6 +74,7 @@ def job_out(job: JobRecord) -> JobOut:
         result=job.result,
         metrics=job.metrics,
         error=job.error,  # type: ignore[arg-type]
+        callback=callback_out(job),
     )
 
 
@@ -67,6 +82,8 @@ def job_json(job: JobRecord) -> dict[str, Any]:
     data = job_out(job).model_dump(mode="json")
     if data["error"] is not None:  # RFC 9457 members are absent rather than null
         data["error"] = {k: v for k, v in data["error"].items() if v is not None}
+    if data["callback"] is None:  # a job without a callback reads as jobs did before callbacks existed
+        del data["callback"]
     return data
 
 
@@ -103,10 +120,13 @@ def submit_merge(
     built = build_merge(body, roots)
     engine_name = engines.chosen_engine(body.engine, settings.default_engine)
     engines.check_engine(engine_name, dry_run=built.dry_run)
-    stored = engines.stored_body(body.model_dump(mode="json", by_alias=True), engine_name)
+    callback_url = callback_urls.check_submission(body.callback, caller.fingerprint, settings)
+    # The callback lives in its own column: bodies without one keep the form (and Idempotency-Key hash) they had.
+    stored = engines.stored_body(body.model_dump(mode="json", by_alias=True, exclude={"callback"}), engine_name)
     request_hash = None
     if idempotency_key is not None:
-        canonical = json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        hashed = stored if body.callback is None else {**stored, "callback": body.callback}
+        canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         request_hash = hashlib.sha256(canonical.encode()).hexdigest()
     job, created = manager.submit(
         NewJob(
@@ -118,6 +138,7 @@ def submit_merge(
             request_hash=request_hash,
             idempotency_scope=caller.fingerprint,
             engine=engine_name,
+            callback_url=callback_url,
         )
     )
     if created:

@@ -17,9 +17,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from service.app import create_app
 from service.manager import JobManager
 from service.settings import Settings
+from tests.service.callback_receiver import Receiver
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -169,6 +173,52 @@ def settings(tmp_path: Path, lake: Path) -> Settings:
         backoff_max_seconds=0.2,
         max_attempts=3,
     )
+
+
+@pytest.fixture
+def database_manager(database_url: str) -> Iterator[JobManager]:
+    """A migrated job store on ``database_url``: SQLite, and PostgreSQL where a test runs on both."""
+    store = JobManager.from_url(database_url)
+    store.migrate()
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP server on loopback that records the callbacks it receives."""
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def manager(settings: Settings) -> Iterator[JobManager]:
+    """The job store of ``settings``, migrated, on the real clock (the worker and API tests' store)."""
+    store = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
+    store.migrate()
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
+def app(settings: Settings, manager: JobManager) -> FastAPI:
+    """The API on ``settings`` and its job store, as ``merge-service api`` builds it."""
+    return create_app(settings, manager=manager)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> TestClient:
+    """Answers what the server would: an exception becomes the 500 problem, not a test error."""
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def target(lake: Path) -> str:
+    """An empty directory under the lake: a table a merge may name before it has a Delta log."""
+    path = lake / "orders"
+    path.mkdir()
+    return str(path)
 
 
 def wait_until(predicate: object, timeout: float = 10.0, interval: float = 0.02) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service import specs
@@ -19,26 +18,23 @@ from service.settings import Settings
 from tests.service.conftest import FakeClock
 
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def app(settings: Settings) -> Iterator[FastAPI]:
-    manager = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    manager.migrate()
-    yield create_app(settings, manager=manager)
-    manager.dispose()
-
-
-@pytest.fixture
-def client(app: FastAPI) -> TestClient:
-    return TestClient(app, raise_server_exceptions=False)
-
-
-@pytest.fixture
-def target(lake: Path) -> str:
-    path = lake / "orders"
-    path.mkdir()
-    return str(path)
+# What a job answers with, the same in a response and in the OpenAPI document's JobOut.
+JOB_FIELDS = {
+    "id",
+    "status",
+    "phase",
+    "target",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "attempts",
+    "dry_run",
+    "engine",
+    "table_version",
+    "result",
+    "metrics",
+    "error",
+}
 
 
 def spec(target: str, **overrides: Any) -> dict[str, Any]:
@@ -76,22 +72,7 @@ def test_submit_answers_202_with_location_and_retry_after(client: TestClient, ta
     job = response.json()
     assert response.headers["location"] == f"/merges/{job['id']}"
     assert response.headers["retry-after"] == "2"
-    assert set(job) == {
-        "id",
-        "status",
-        "phase",
-        "target",
-        "submitted_at",
-        "started_at",
-        "finished_at",
-        "attempts",
-        "dry_run",
-        "engine",
-        "table_version",
-        "result",
-        "metrics",
-        "error",
-    }
+    assert set(job) == JOB_FIELDS
     assert (job["status"], job["phase"], job["target"], job["attempts"]) == ("queued", "queued", target, 0)
     assert job["submitted_at"].endswith("Z")
     read = client.get(f"/merges/{job['id']}")
@@ -392,19 +373,4 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert len(body["oneOf"]) == 2
     assert "HTTPValidationError" not in str(doc)
     job = doc["components"]["schemas"]["JobOut"]
-    assert set(job["properties"]) == {
-        "id",
-        "status",
-        "phase",
-        "target",
-        "submitted_at",
-        "started_at",
-        "finished_at",
-        "attempts",
-        "dry_run",
-        "engine",
-        "table_version",
-        "result",
-        "metrics",
-        "error",
-    }
+    assert set(job["properties"]) == JOB_FIELDS | {"callback"}  # present on jobs that name one
