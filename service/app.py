@@ -15,7 +15,7 @@ from service.middleware import BodyLimitMiddleware, HttpMetricsMiddleware
 from service.paths import LakeRoots
 from service.problems import PROBLEM_MEDIA_TYPE, install_handlers
 from service.readiness import DatabaseReadiness
-from service.routers import health, merges
+from service.routers import health, merges, ui
 from service.routers import metrics as metrics_router
 from service.settings import Settings
 
@@ -66,6 +66,7 @@ def create_app(
     install_handlers(app)
     if include_merges:
         app.include_router(merges.router)
+        app.include_router(ui.router)
     app.include_router(health.router)
     app.include_router(metrics_router.router)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)

@@ -60,29 +60,38 @@ class Caller:
 NO_TOKENS = Caller(fingerprint="", sees_all=True)
 
 
+def authenticate(settings: Settings, given: str | None) -> Caller | None:
+    """The caller a token names, compared in constant time against every configured token (API and admin
+    tokens); None when tokens are configured and ``given`` is none of them."""
+    if not settings.api_tokens and not settings.admin_tokens:
+        return NO_TOKENS
+    presented = (given or "").encode()
+    matched: bytes | None = None
+    admin = False
+    for token in settings.api_tokens:
+        if hmac.compare_digest(presented, token.encode()):
+            matched = token.encode()
+    for token in settings.admin_tokens:
+        if hmac.compare_digest(presented, token.encode()):
+            matched, admin = token.encode(), True
+    if given is None or matched is None:
+        return None
+    return Caller(fingerprint=hashlib.sha256(matched).hexdigest(), sees_all=admin)
+
+
 async def require_token(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
-    """Bearer tokens, compared in constant time against every configured token (API and admin tokens)."""
-    if not settings.api_tokens and not settings.admin_tokens:
-        return NO_TOKENS
-    given = credentials.credentials.encode() if credentials is not None else b""
-    matched: bytes | None = None
-    admin = False
-    for token in settings.api_tokens:
-        if hmac.compare_digest(given, token.encode()):
-            matched = token.encode()
-    for token in settings.admin_tokens:
-        if hmac.compare_digest(given, token.encode()):
-            matched, admin = token.encode(), True
-    if credentials is None or matched is None:
+    """Bearer tokens (see ``authenticate``)."""
+    caller = authenticate(settings, credentials.credentials if credentials is not None else None)
+    if caller is None:
         raise HTTPException(
             status_code=401,
             detail="A valid bearer token is required (Authorization: Bearer <token>).",
             headers={"WWW-Authenticate": 'Bearer realm="merge-service"'},
         )
-    return Caller(fingerprint=hashlib.sha256(matched).hexdigest(), sees_all=admin)
+    return caller
 
 
 AuthDep = Annotated[Caller, Depends(require_token)]

@@ -7,15 +7,15 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select
+from sqlalchemy import Column, Select, and_, bindparam, func, or_, select
 
 from service.errors import InvalidCursorError, JobNotFoundError
 from service.jobs import JobRecord, QueueStats, Status
 from service.models import jobs
-from service.store import RECORD_COLUMNS, JobStore, job_record
+from service.store import JobStore, job_record, select_records
 
 # Built once, as the API's hot statements are (see ``service.submissions``).
-SELECT_JOB = select(*RECORD_COLUMNS).where(jobs.c.id == bindparam("job_id"))
+SELECT_JOB = select_records().where(jobs.c.id == bindparam("job_id"))
 # A job belongs to the caller whose token fingerprint scopes its Idempotency-Key: the token that submitted it.
 SELECT_OWN_JOB = SELECT_JOB.where(jobs.c.idempotency_scope == bindparam("owner"))
 
@@ -35,6 +35,23 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         return when, job_id
     except (ValueError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidCursorError("query cursor: the cursor is not one this service issued.") from exc
+
+
+def newest_first(
+    store: JobStore, stmt: Select[Any], column: Column[Any], cursor: str | None, limit: int
+) -> tuple[list[JobRecord], str | None]:
+    """One page of ``stmt``'s jobs, latest ``column`` first, after the cursor (keyset paging over ``column`` and
+    the job id); and the cursor of the next page, if there is one. ``column`` is a time every listed job has."""
+    if cursor is not None:
+        when, job_id = decode_cursor(cursor)
+        stmt = stmt.where(or_(column < when, and_(column == when, jobs.c.id < job_id)))
+    stmt = stmt.order_by(column.desc(), jobs.c.id.desc()).limit(limit + 1)
+    with store._tx(write=False) as conn:
+        rows = conn.execute(stmt).all()
+    items = [job_record(r) for r in rows[:limit]]
+    if len(rows) <= limit or not items or getattr(items[-1], column.name) is None:
+        return items, None
+    return items, encode_cursor(getattr(items[-1], column.name), items[-1].id)
 
 
 class JobQueries(JobStore):
@@ -70,24 +87,14 @@ class JobQueries(JobStore):
     ) -> tuple[list[JobRecord], str | None]:
         """Newest first, only ``owner``'s jobs when given; the cursor is opaque to callers and points past the
         last item of the previous page."""
-        stmt = select(*RECORD_COLUMNS)
+        stmt = select_records()
         if owner is not None:
             stmt = stmt.where(jobs.c.idempotency_scope == owner)
         if status is not None:
             stmt = stmt.where(jobs.c.status == status.value)
         if target_key is not None:
             stmt = stmt.where(jobs.c.target_key == target_key)
-        if cursor is not None:
-            when, job_id = decode_cursor(cursor)
-            stmt = stmt.where(or_(jobs.c.submitted_at < when, and_(jobs.c.submitted_at == when, jobs.c.id < job_id)))
-        stmt = stmt.order_by(jobs.c.submitted_at.desc(), jobs.c.id.desc()).limit(limit + 1)
-        with self._tx(write=False) as conn:
-            rows = conn.execute(stmt).all()
-        items = [job_record(r) for r in rows[:limit]]
-        next_cursor = None
-        if len(rows) > limit and items:
-            next_cursor = encode_cursor(items[-1].submitted_at, items[-1].id)
-        return items, next_cursor
+        return newest_first(self, stmt, jobs.c.submitted_at, cursor, limit)
 
     def queue_stats(self) -> QueueStats:
         with self._tx(write=False) as conn:
