@@ -57,12 +57,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from service.jobs import ClaimedJob  # noqa: E402
 from service.manager import JobManager  # noqa: E402
 from service.models import jobs as jobs_table  # noqa: E402
+from tests.e2e.harness import upsert_body, wait_ready  # noqa: E402
+from tests.service import stand_in  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TABLES = 20
@@ -90,7 +91,7 @@ class StandInResult:
     already_applied: bool = False
 
 
-class StandInRunner:
+class StandInRunner(stand_in.StandInRunner):
     """Reports the engine's phases (each one a job-row update, as with the real engine) over ``job_seconds``
     and succeeds."""
 
@@ -103,15 +104,6 @@ class StandInRunner:
             if self.job_seconds:
                 time.sleep(self.job_seconds / len(PHASES))
         return StandInResult()
-
-    def interrupt(self, tag: str) -> None:
-        pass
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "ok"
-
-    def close(self) -> None:
-        pass
 
 
 def worker_main() -> int:
@@ -167,20 +159,6 @@ def database(backend: str, home: Path) -> Iterator[str]:
         yield server.create_database()
     finally:
         server.stop()
-
-
-def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the API exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the API did not get ready in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 # --- load -------------------------------------------------------------------------------------------------------
@@ -423,18 +401,11 @@ def measured(pid: int, coro: Coroutine[Any, Any, tuple[Run, list[Response]]]) ->
 
 
 def merge_body(lake: Path, i: int) -> dict[str, Any]:
-    return {
-        "target": str(lake / f"t{i % TABLES:02d}"),
-        "source": {
-            "rows": [{"id": i, "name": f"n{i}", "amount": "12.50"}],
-            "schema": "id BIGINT, name STRING, amount DECIMAL(10,2)",
-        },
-        "target_alias": "t",
-        "source_alias": "s",
-        "on": "t.id = s.id",
-        "when_matched": [{"action": "update_all"}],
-        "when_not_matched": [{"action": "insert_all"}],
-    }
+    return upsert_body(
+        lake / f"t{i % TABLES:02d}",
+        [{"id": i, "name": f"n{i}", "amount": "12.50"}],
+        "id BIGINT, name STRING, amount DECIMAL(10,2)",
+    )
 
 
 def claim_waits(manager: JobManager, ids: list[str], timeout: float) -> tuple[list[float], int]:
@@ -565,7 +536,7 @@ def bench_backend(backend: str, args: argparse.Namespace) -> list[Row]:
                 api_args += ["--api-processes", str(args.api_processes)]
             worker_args = [sys.executable, str(Path(__file__).resolve()), "--worker"]
             with process(api_args, env, api_log) as api:
-                wait_ready(base, api, api_log)
+                wait_ready(base, api, api_log, what="the API", timeout=60.0)
 
                 async def post(client: LoadClient, i: int) -> Response:
                     return await client.post("/merges", json_body=merge_body(lake, i))

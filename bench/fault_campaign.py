@@ -62,6 +62,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from engine.spark_server import SparkProcess, free_port, start_connect_server
+from tests.e2e.harness import answers, upsert_body, wait_ready
 from tests.service.conftest import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,23 +133,10 @@ class ServiceProcess:
         return time.monotonic() - started
 
     def healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=HEALTH_TIMEOUT).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers(self.url, "/healthz", HEALTH_TIMEOUT)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"{self.name} not ready within {timeout:.0f} s:\n{self.log_tail()}")
+        wait_ready(self.url, self.proc, self.log_path, what=self.name, timeout=timeout, interval=0.5, request_timeout=5)
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
@@ -326,15 +314,7 @@ class Campaign:
         """An upsert that always inserts a new row (so every merge commits) and updates an existing one."""
         self.next_id += 1
         rows = [{"id": self.next_id, "v": f"n{self.next_id}"}, {"id": self.rng.randint(1, 3), "v": f"u{self.next_id}"}]
-        return {
-            "target": str(self.tables[table]),
-            "source": {"rows": rows, "schema": "id BIGINT, v STRING"},
-            "target_alias": "t",
-            "source_alias": "s",
-            "on": "t.id = s.id",
-            "when_matched": [{"action": "update_all"}],
-            "when_not_matched": [{"action": "insert_all"}],
-        }
+        return upsert_body(self.tables[table], rows, "id BIGINT, v STRING")
 
     def submit(self, run: int, table: int) -> Submitted | None:
         """POST until accepted, the same idempotency key every time; None if never accepted by the deadline."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from contextlib import suppress
 from typing import Any
 
@@ -18,6 +19,17 @@ def peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def merge_error(exc: BaseException) -> dict[str, Any]:
+    """A peer's answer for a merge that raised, called in its ``except``: the error, its traceback and the peak
+    RSS the merge reached, as the report prints them for every peer alike."""
+    return {
+        "status": "error",
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(),
+        "peak_rss": peak_rss_bytes(),
+    }
 
 
 def tree_cpu_seconds(pid: int | None) -> float | None:

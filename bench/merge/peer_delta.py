@@ -11,10 +11,9 @@ On a table with ``delta.enableDeletionVectors`` Delta's MERGE writes deletion ve
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
-from bench.merge.measure import peak_rss_bytes, tree_cpu_seconds
+from bench.merge.measure import merge_error, peak_rss_bytes, tree_cpu_seconds
 
 DELTA_SESSION_CONF = {
     "spark.databricks.delta.merge.deletionVectors.persistent": "true",
@@ -63,12 +62,7 @@ def merge(job: dict[str, Any]) -> dict[str, Any]:
     try:
         row = spark.sql(statement).collect()[0].asDict()
     except Exception as exc:
-        return {
-            "status": "error",
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            "peak_rss": peak_rss_bytes(),
-        }
+        return merge_error(exc)
     wall = time.perf_counter() - start
     jvm_cpu = tree_cpu_seconds(job.get("jvm_pid"))
     history = spark.sql(f"DESCRIBE HISTORY {_table(job['target'])} LIMIT 1").collect()[0]

@@ -4,10 +4,9 @@ Delta table into a pyarrow table and loading the target's snapshot, as the engin
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
-from bench.merge.measure import peak_rss_bytes
+from bench.merge.measure import merge_error, peak_rss_bytes
 
 
 def warm_deltalake(job: dict[str, Any]) -> None:
@@ -42,12 +41,7 @@ def merge(job: dict[str, Any]) -> dict[str, Any]:
             merger = merger.when_matched_delete()
         metrics = merger.execute()
     except Exception as exc:
-        return {
-            "status": "error",
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            "peak_rss": peak_rss_bytes(),
-        }
+        return merge_error(exc)
     wall = time.perf_counter() - start
     return {
         "status": "ok",

@@ -8,10 +8,9 @@ includes loading the target's snapshot and reading the source Delta table inside
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
-from bench.merge.measure import peak_rss_bytes, tree_cpu_seconds
+from bench.merge.measure import merge_error, peak_rss_bytes, tree_cpu_seconds
 from bench.merge.workloads import Kind
 
 
@@ -72,12 +71,7 @@ def merge(job: dict[str, Any]) -> dict[str, Any]:
     except UnsupportedTableFeatureError as exc:
         return {"status": "unsupported", "error": f"{type(exc).__name__}: {exc}", "peak_rss": peak_rss_bytes()}
     except Exception as exc:
-        return {
-            "status": "error",
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-            "peak_rss": peak_rss_bytes(),
-        }
+        return merge_error(exc)
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     jvm_cpu = tree_cpu_seconds(job.get("jvm_pid"))

@@ -10,17 +10,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from deltalake import DeltaTable
+from fastapi.testclient import TestClient
 
+from engine.spark_server import free_port
+from service.app import create_app
 from service.jobs import JobRecord, Status
 from service.manager import JobManager
+from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 APP_ID = "merge-service-e2e-tests"
 START_TIMEOUT = 120.0  # a worker imports pyspark and opens a Spark Connect session on a busy machine
 
@@ -46,6 +53,104 @@ def wait_for(
 
 def tails(logs: Sequence[Path]) -> str:
     return "\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
+
+
+def answers(url: str, path: str = "/readyz", timeout: float = 2.0) -> bool:
+    """Whether the service at ``url`` answers ``path`` with 200 now; a refused or timed-out request is a no."""
+    try:
+        return httpx.get(f"{url}{path}", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_ready(
+    url: str,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path,
+    *,
+    what: str,
+    timeout: float,
+    path: str = "/readyz",
+    interval: float = 0.2,
+    request_timeout: float = 2.0,
+) -> None:
+    """Poll until the service at ``url`` answers ``path``; a RuntimeError with the tail of ``log`` if ``proc``
+    exits first or the time runs out (the process tests, the API bench and the fault campaign start it alike)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited ({proc.returncode}):\n{tails([log])}")
+        if answers(url, path, request_timeout):
+            return
+        time.sleep(interval)
+    raise RuntimeError(f"{what} not ready within {timeout:.0f} s:\n{tails([log])}")
+
+
+def upsert_body(target: Path | str, rows: list[dict[str, Any]], schema: str) -> dict[str, Any]:
+    """``POST /merges``'s body for the upsert the process tests and benches submit: inline ``rows``, matched on
+    ``id``, ``UPDATE SET *`` and ``INSERT *``."""
+    return {
+        "target": str(target),
+        "source": {"rows": rows, "schema": schema},
+        "target_alias": "t",
+        "source_alias": "s",
+        "on": "t.id = s.id",
+        "when_matched": [{"action": "update_all"}],
+        "when_not_matched": [{"action": "insert_all"}],
+    }
+
+
+def finished_job(base: str, job_id: str, timeout: float) -> dict[str, Any]:
+    """The job as ``GET /merges/{id}`` shows it once it is succeeded, failed or cancelled."""
+    deadline = time.monotonic() + timeout
+    job: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{base}/merges/{job_id}", timeout=5).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+@contextmanager
+def serving(
+    home: Path, spark_remote: str, *, ready: str = "/readyz", timeout: float = 120.0, **env: str
+) -> Iterator[dict[str, Any]]:
+    """``merge-service migrate``, then ``merge-service serve`` (API and one worker) on a free port over a lake
+    under ``home``, as an operator runs them; yields ``base``, ``lake`` and ``home`` once it answers ``ready``,
+    and stops it afterwards (SIGTERM, SIGKILL after 30 s). ``env`` adds ``MERGE_SERVICE_*`` settings."""
+    lake = home / "lake"
+    lake.mkdir()
+    port = free_port()
+    environment = {
+        **os.environ,
+        "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{home / 'jobs.db'}",
+        "MERGE_SERVICE_SPARK_REMOTE": spark_remote,
+        "MERGE_SERVICE_LAKE_ROOTS": str(lake),
+        "MERGE_SERVICE_WORKERS": "1",
+        **env,
+    }
+    subprocess.run([str(BIN / "merge-service"), "migrate"], env=environment, check=True, cwd=home, timeout=120)
+    log_path = home / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=environment,
+            cwd=home,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(base, proc, log_path, what="merge-service serve", timeout=timeout, path=ready, interval=0.3)
+            yield {"base": base, "lake": lake, "home": home}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @dataclass
@@ -129,6 +234,18 @@ def job_store(home: Home) -> JobManager:
     manager = JobManager.from_url(home.database_url, lease_seconds=home.lease_seconds)
     manager.migrate()
     return manager
+
+
+def api_client(home: Home, jobs: JobManager) -> TestClient:
+    """The API in this process over ``home``'s job store: it submits the jobs that the worker processes take."""
+    settings = Settings(
+        database_url=home.database_url,
+        lake_roots=[str(home.lake)],
+        app_id=APP_ID,
+        lease_seconds=home.lease_seconds,
+        heartbeat_seconds=0.3,
+    )
+    return TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
 
 
 def log_entry(path: Path, version: int) -> list[dict[str, Any]]:

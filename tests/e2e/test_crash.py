@@ -23,19 +23,20 @@ from deltalake import DeltaTable, write_deltalake
 from fastapi.testclient import TestClient
 
 from engine.spark_server import free_port
-from service.app import create_app
 from service.jobs import JobRecord, Status
 from service.manager import JobManager
-from service.settings import Settings
 from tests.e2e.harness import (
     APP_ID,
     START_TIMEOUT,
     Home,
+    answers,
+    api_client,
     assert_merged_once,
     job_store,
     open_home,
     tails,
     txn_of,
+    upsert_body,
     wait_for,
 )
 
@@ -72,15 +73,7 @@ def create_table(path: Path) -> None:
 
 
 def upsert(path: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "target": str(path),
-        "source": {"rows": rows, "schema": "id BIGINT, name STRING, n BIGINT"},
-        "target_alias": "t",
-        "source_alias": "s",
-        "on": "t.id = s.id",
-        "when_matched": [{"action": "update_all"}],
-        "when_not_matched": [{"action": "insert_all"}],
-    }
+    return upsert_body(path, rows, "id BIGINT, name STRING, n BIGINT")
 
 
 def table_rows(path: Path) -> dict[str, list[Any]]:
@@ -146,14 +139,7 @@ def crashes(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     their leases expire. (The five crash scenarios run side by side to keep the module within minutes.)"""
     home = open_home(tmp_path_factory.mktemp("crash"), spark_remote)
     jobs = job_store(home)
-    settings = Settings(
-        database_url=home.database_url,
-        lake_roots=[str(home.lake)],
-        app_id=APP_ID,
-        lease_seconds=home.lease_seconds,
-        heartbeat_seconds=0.3,
-    )
-    api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
+    api = api_client(home, jobs)
     try:
         ids, crash_at = submit_one_job_per_point(api, home, jobs)
         parked, versions, txns = park_and_kill(home, jobs, ids, crash_at)
@@ -218,14 +204,9 @@ def serve(home: Home, name: str) -> tuple[subprocess.Popen[bytes], str, Path]:
         MERGE_SERVICE_WORKERS="1",
     )
     base = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(healthy, f"{name} answers /healthz", START_TIMEOUT, alive_all=[proc], logs=[log])
+    wait_for(
+        lambda: answers(base, "/healthz", 1), f"{name} answers /healthz", START_TIMEOUT, alive_all=[proc], logs=[log]
+    )
     return proc, base, log
 
 

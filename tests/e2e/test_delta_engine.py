@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,62 +25,29 @@ import engine
 import engine.errors as engine_errors
 from engine import delta
 from engine.delta_connect import _run_statement, _statement_conf, merge_statement
-from engine.spark_server import SparkProcess, free_port
+from engine.spark_server import SparkProcess
 from service.app import create_app
 from service.jobs import Status
 from service.manager import JobManager
 from service.settings import Settings
 from service.worker import EngineRunner, TxnId, Worker
+from tests.e2e.harness import finished_job, serving
 from tests.oracle.tables import make_delta_table
+from tests.service.stand_in import WrappedRunner
 
-BIN = Path(sys.executable).parent
 APP_ID = "merge-service-delta-engine-tests"
 
 
 @pytest.fixture(scope="module")
 def service(delta_spark_server: SparkProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    home = tmp_path_factory.mktemp("delta-engine-service")
-    lake = home / "lake"
-    lake.mkdir()
-    port = free_port()
-    env = {
-        **os.environ,
-        "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{home / 'jobs.db'}",
-        "MERGE_SERVICE_SPARK_REMOTE": f"sc://127.0.0.1:{delta_spark_server.port}",
-        "MERGE_SERVICE_LAKE_ROOTS": str(lake),
-        "MERGE_SERVICE_WORKERS": "1",
-        "MERGE_SERVICE_APP_ID": APP_ID,
-        "MERGE_SERVICE_HEARTBEAT_SECONDS": "0.5",
-        "MERGE_SERVICE_LOG_JSON": "false",
-    }
-    subprocess.run([str(BIN / "merge-service"), "migrate"], env=env, check=True, cwd=home, timeout=120)
-    log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=home,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError((home / "serve.log").read_text()[-4000:])
-    yield {"base": base, "lake": lake, "home": home}
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with serving(
+        tmp_path_factory.mktemp("delta-engine-service"),
+        f"sc://127.0.0.1:{delta_spark_server.port}",
+        MERGE_SERVICE_APP_ID=APP_ID,
+        MERGE_SERVICE_HEARTBEAT_SECONDS="0.5",
+        MERGE_SERVICE_LOG_JSON="false",
+    ) as service:
+        yield service
 
 
 def submit(base: str, body: dict[str, Any]) -> str:
@@ -94,14 +58,20 @@ def submit(base: str, body: dict[str, Any]) -> str:
 
 
 def wait_for(base: str, job_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    job: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{base}/merges/{job_id}", timeout=5).json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
+    return finished_job(base, job_id, timeout)
+
+
+def failed_with(
+    base: str, problem: str, *, target: Path, source: dict[str, Any], update: dict[str, str]
+) -> dict[str, Any]:
+    """A ``WHEN MATCHED THEN UPDATE`` on ``target.id = source.id`` that Delta refuses: the job, failed with the
+    problem type named ``problem``."""
+    body = {"target": str(target), "source": source, "on": "target.id = source.id"}
+    job_id = submit(base, {**body, "when_matched": [{"action": "update", "set": update}]})
+    job = wait_for(base, job_id)
+    assert job["status"] == "failed", job
+    assert job["error"]["type"] == f"urn:merge-service:problem:{problem}"
+    return job
 
 
 def commit_entry(table: Path, version: int) -> list[dict[str, Any]]:
@@ -222,35 +192,25 @@ def test_a_sql_merge_from_a_delta_source_with_every_clause_kind(service: dict[st
 def test_a_failed_merge_leaves_the_table_unchanged_and_says_why(service: dict[str, Any]) -> None:
     base, lake = service["base"], service["lake"]
     table = customers(lake, "duplicates")
-    job_id = submit(
+    job = failed_with(
         base,
-        {
-            "target": str(table),
-            "source": {"rows": [{"id": 2, "name": "B1"}, {"id": 2, "name": "B2"}], "schema": "id BIGINT, name STRING"},
-            "on": "target.id = source.id",
-            "when_matched": [{"action": "update", "set": {"name": "source.name"}}],
-        },
+        "multiple-match",
+        source={"rows": [{"id": 2, "name": "B1"}, {"id": 2, "name": "B2"}], "schema": "id BIGINT, name STRING"},
+        update={"name": "source.name"},
+        target=table,
     )
-    job = wait_for(base, job_id)
-    assert job["status"] == "failed", job
-    assert job["error"]["type"] == "urn:merge-service:problem:multiple-match"
     assert "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE" in job["error"]["detail"]
     assert job["attempts"] == 1
     assert DeltaTable(str(table)).version() == 0
     assert rows_of(table)["name"] == ["Ann", "Bob", "Cid"]
 
-    unknown = submit(
+    job = failed_with(
         base,
-        {
-            "target": str(table),
-            "source": {"rows": [{"id": 2}], "schema": "id BIGINT"},
-            "on": "target.id = source.id",
-            "when_matched": [{"action": "update", "set": {"name": "source.nickname"}}],
-        },
+        "merge-resolution",
+        source={"rows": [{"id": 2}], "schema": "id BIGINT"},
+        update={"name": "source.nickname"},
+        target=table,
     )
-    job = wait_for(base, unknown)
-    assert job["status"] == "failed", job
-    assert job["error"]["type"] == "urn:merge-service:problem:merge-resolution"
     assert "nickname" in job["error"]["detail"]
     assert DeltaTable(str(table)).version() == 0
 
@@ -339,12 +299,12 @@ def test_delta_itself_skips_a_statement_whose_txn_the_table_holds(delta_spark: S
     assert delta_spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
 
 
-class FailsOnceAfterCommit:
+class FailsOnceAfterCommit(WrappedRunner):
     """The real runner, whose first attempt loses its answer after Delta's commit landed (as a worker that dies,
     or a commit whose outcome is unknown): the job is retried."""
 
     def __init__(self, inner: EngineRunner) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.failed = False
 
     def run(self, job: Any, *, txn: TxnId, on_progress: Any, tag: str) -> Any:
@@ -353,15 +313,6 @@ class FailsOnceAfterCommit:
             self.failed = True
             raise engine_errors.CommitStateUnknownError("the commit's answer was lost")
         return result
-
-    def interrupt(self, tag: str) -> None:
-        self.inner.interrupt(tag)
-
-    def readiness(self) -> tuple[bool, str]:
-        return self.inner.readiness()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_a_retried_job_records_the_commit_its_first_attempt_landed(

@@ -26,15 +26,13 @@ from deltalake import DeltaTable, write_deltalake
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.app import create_app
 from service.jobs import TERMINAL, JobRecord, Status
 from service.manager import JobManager
 from service.models import jobs as jobs_table
-from service.settings import Settings
 from tests.e2e.harness import (
-    APP_ID,
     START_TIMEOUT,
     Home,
+    api_client,
     assert_merged_once,
     job_store,
     log_entry,
@@ -176,14 +174,7 @@ def test_three_workers_apply_each_tables_merges_once_in_submission_order(home: H
     tables = [home.lake / f"t{k}" for k in range(TABLES)]
     for table in tables:
         create_table(table)
-    settings = Settings(
-        database_url=home.database_url,
-        lake_roots=[str(home.lake)],
-        app_id=APP_ID,
-        lease_seconds=home.lease_seconds,
-        heartbeat_seconds=0.3,
-    )
-    api = TestClient(create_app(settings, manager=jobs), raise_server_exceptions=False)
+    api = api_client(home, jobs)
     first = [home.worker(f"worker-{n}") for n in range(WORKERS)]
     ids, indexes = submit_jobs(api, tables)  # while the workers start and take the first jobs
 

@@ -3,12 +3,7 @@ server process, SQLite job table, Delta tables on disk checked with deltalake.""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,61 +11,17 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.spark_server import free_port
-
-BIN = Path(sys.executable).parent
+from tests.e2e.harness import finished_job, serving, upsert_body
 
 
 @pytest.fixture(scope="module")
 def service(spark_remote: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    home = tmp_path_factory.mktemp("service")
-    lake = home / "lake"
-    lake.mkdir()
-    port = free_port()
-    env = {
-        **os.environ,
-        "MERGE_SERVICE_DATABASE_URL": f"sqlite:///{home / 'jobs.db'}",
-        "MERGE_SERVICE_SPARK_REMOTE": spark_remote,
-        "MERGE_SERVICE_LAKE_ROOTS": str(lake),
-        "MERGE_SERVICE_WORKERS": "1",
-    }
-    subprocess.run([str(BIN / "merge-service"), "migrate"], env=env, check=True, cwd=home, timeout=120)
-    log = open(home / "serve.log", "wb")  # noqa: SIM115 - closed at teardown
-    proc = subprocess.Popen(
-        [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=home,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError((home / "serve.log").read_text()[-4000:])
-    yield {"base": base, "lake": lake, "home": home}
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with serving(tmp_path_factory.mktemp("service"), spark_remote, ready="/healthz", timeout=90) as service:
+        yield service
 
 
 def wait_for(base: str, job_id: str, timeout: float = 180) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = httpx.get(f"{base}/merges/{job_id}", timeout=5).json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
+    return finished_job(base, job_id, timeout)
 
 
 def test_upsert_end_to_end(service: dict[str, Any]) -> None:
@@ -82,18 +33,11 @@ def test_upsert_end_to_end(service: dict[str, Any]) -> None:
             {"id": pa.array([1, 2, 3], pa.int64()), "name": ["Ann", "Bob", "Cid"], "tier": ["free", "free", "gold"]}
         ),
     )
-    body = {
-        "target": str(table),
-        "source": {
-            "rows": [{"id": 2, "name": "Bea", "tier": "gold"}, {"id": 4, "name": "Dan", "tier": "silver"}],
-            "schema": "id BIGINT, name STRING, tier STRING",
-        },
-        "target_alias": "t",
-        "source_alias": "s",
-        "on": "t.id = s.id",
-        "when_matched": [{"action": "update_all"}],
-        "when_not_matched": [{"action": "insert_all"}],
-    }
+    body = upsert_body(
+        table,
+        [{"id": 2, "name": "Bea", "tier": "gold"}, {"id": 4, "name": "Dan", "tier": "silver"}],
+        "id BIGINT, name STRING, tier STRING",
+    )
     response = httpx.post(f"{base}/merges", json=body, timeout=10)
     assert response.status_code == 202, response.text
     job_id = response.json()["id"]

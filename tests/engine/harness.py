@@ -81,6 +81,13 @@ def make_spec(target: Path, source: Path, on: str, clauses: Sequence[MergeClause
     )
 
 
+def upsert_all_spec(target: Path, source: Path, **kwargs: Any) -> MergeSpec:
+    """``UPDATE SET *`` / ``INSERT *`` on ``t.id = s.id``: the upsert the schema evolution tests run."""
+    return make_spec(
+        target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")], **kwargs
+    )
+
+
 def oracle_merge(target: Path, source: pa.Table, on: str, clauses: Sequence[MergeClause]) -> dict[str, int]:
     """deltalake's merge of the same spec; answers our result-row counts from its metrics."""
     builder = DeltaTable(str(target)).merge(source=source, predicate=on, source_alias="s", target_alias="t")

@@ -17,7 +17,16 @@ from pyspark.sql import SparkSession
 
 from engine import run_merge
 from engine.errors import SchemaMismatchError
-from tests.engine.harness import clause, find_plan, join_plan, make_spec, oracle_merge, rows, write_table
+from tests.engine.harness import (
+    clause,
+    find_plan,
+    join_plan,
+    make_spec,
+    oracle_merge,
+    rows,
+    upsert_all_spec,
+    write_table,
+)
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import (
     ModelMultipleMatch,
@@ -153,13 +162,7 @@ def test_schema_evolution_with_change_data(spark: SparkSession, tmp_path: Path) 
     ours = write_table(tmp_path / "t", TARGET, configuration=CDF)
     wider = SOURCE.append_column("extra", pa.array(["x", "y", "z"]))
     src = write_table(tmp_path / "s", wider)
-    spec = make_spec(
-        ours,
-        src,
-        "t.id = s.id",
-        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-        schema_evolution=True,
-    )
+    spec = upsert_all_spec(ours, src, schema_evolution=True)
     result = run_merge(spark, spec)
     assert result.table_version == 1
     got = changes(ours, ["id", "v", "extra"])
@@ -175,13 +178,7 @@ def test_reserved_change_data_column_fails_and_leaves_table(spark: SparkSession,
     before = sorted(p.name for p in ours.rglob("*"))
     wider = SOURCE.append_column("_change_type", pa.array(["x", "y", "z"]))
     src = write_table(tmp_path / "s", wider)
-    spec = make_spec(
-        ours,
-        src,
-        "t.id = s.id",
-        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-        schema_evolution=True,
-    )
+    spec = upsert_all_spec(ours, src, schema_evolution=True)
     with pytest.raises(SchemaMismatchError, match=r"reserved columns \['_change_type'\].*Change Data Feed"):
         run_merge(spark, spec)
     assert sorted(p.name for p in ours.rglob("*")) == before

@@ -26,7 +26,7 @@ from engine import (
 from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.validation import column_path, validate_spec
-from tests.engine.harness import rows, write_table
+from tests.engine.harness import make_spec, rows, write_table
 
 NAMES = ["comment", "desc", "select", "from", "case", "null", "a`b"]
 """Keywords sqlglot reads as statements or literals, and a backtick, which Delta allows without column mapping."""
@@ -64,15 +64,7 @@ def run(spark: SparkSession, spec: MergeSpec, form: str) -> None:
 
 
 def spec(target: Path, source: Path, on: str, *clauses: MergeClause) -> MergeSpec:
-    return MergeSpec(
-        target=str(target),
-        source=TableSource(format="delta", path=str(source)),
-        on=on,
-        matched=tuple(c for c in clauses if c.clause_type == "matched"),
-        not_matched=tuple(c for c in clauses if c.clause_type == "notMatched"),
-        target_alias="t",
-        source_alias="s",
-    )
+    return make_spec(target, source, on, clauses)
 
 
 def table(ids: list[int], value: Any) -> pa.Table:

@@ -385,7 +385,7 @@ INNER = pa.struct([("x", pa.int32()), ("y", pa.string())])
 NESTED = pa.struct([("a", pa.int64()), ("b", pa.int64()), ("inner", INNER)])
 
 
-def _nested_target(path: Path) -> Path:
+def _nested_target(path: Path, configuration: dict[str, str] | None = None) -> Path:
     return write_table(
         path,
         pa.table(
@@ -399,6 +399,7 @@ def _nested_target(path: Path) -> Path:
                 ),
             }
         ),
+        configuration=configuration,
     )
 
 
@@ -474,21 +475,7 @@ def test_struct_fields_must_match_by_name(spark: SparkSession, tmp_path: Path, e
 def test_schema_evolution_adds_nested_fields(spark: SparkSession, tmp_path: Path, cdf: bool) -> None:
     """Delta's schema evolution appends the source's new struct fields, at any depth and inside arrays; rows
     that keep their value get NULL there."""
-    target = write_table(
-        tmp_path / "t",
-        pa.table(
-            {
-                "id": pa.array([1, 2], pa.int64()),
-                "s": pa.array(
-                    [{"a": 1, "b": 10, "inner": {"x": 1, "y": "p"}}, {"a": 2, "b": 20, "inner": None}], NESTED
-                ),
-                "arr": pa.array(
-                    [[{"p": 1, "q": 2}], None], pa.list_(pa.struct([("p", pa.int64()), ("q", pa.int64())]))
-                ),
-            }
-        ),
-        configuration={"delta.enableChangeDataFeed": "true"} if cdf else None,
-    )
+    target = _nested_target(tmp_path / "t", configuration={"delta.enableChangeDataFeed": "true"} if cdf else None)
     wider = pa.struct(
         [
             ("b", pa.int64()),

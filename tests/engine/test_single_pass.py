@@ -32,6 +32,16 @@ from tests.engine.test_cdf import CDF, changes
 FILES = 4
 ROWS_PER_FILE = 500
 
+# A single pass given up is followed by Delta's two passes, each reporting its phase again.
+PHASES_AFTER_A_GIVEN_UP_SINGLE_PASS = [
+    "preparing_source",
+    "finding_touched_files",
+    "writing",
+    "finding_touched_files",
+    "writing",
+    "committing",
+]
+
 
 def _target(path: Path, configuration: dict[str, str] | None = None) -> Path:
     """FILES files of consecutive, dense ids: the statistics of each file bound a range its rows fill."""
@@ -172,14 +182,7 @@ def test_wrong_guess_counted_on_held_rows_falls_back_to_two_passes(spark: SparkS
     with find_plan("single_pass"), join_plan(broadcast=True, key_bitmap="held"):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, phases=phases)
     assert {k: result.result[k] for k in COUNTS} == expected
-    assert phases == [
-        "preparing_source",
-        "finding_touched_files",
-        "writing",
-        "finding_touched_files",
-        "writing",
-        "committing",
-    ]
+    assert phases == PHASES_AFTER_A_GIVEN_UP_SINGLE_PASS
     assert rows(ours) == rows(theirs)
     m = result.metrics
     assert m["numTargetFilesRemoved"] == 1
@@ -217,14 +220,7 @@ def test_duplicate_keys_of_an_unconditional_delete_delete_once(spark: SparkSessi
         )
     assert result.result["num_deleted_rows"] == len(ids)
     # The multiple match gave up the single pass before it knew the touched files: Delta's two passes follow.
-    assert phases == [
-        "preparing_source",
-        "finding_touched_files",
-        "writing",
-        "finding_touched_files",
-        "writing",
-        "committing",
-    ]
+    assert phases == PHASES_AFTER_A_GIVEN_UP_SINGLE_PASS
     assert result.metrics["numTargetRowsMatchedDeleted"] == len(ids)
     assert rows(ours) == rows(theirs)
     assert stray_files(ours) == set()

@@ -18,7 +18,7 @@ from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from engine import MergeClause, run_merge
-from tests.engine.harness import clause, make_spec, write_table
+from tests.engine.harness import clause, upsert_all_spec, write_table
 from tests.oracle.differential import Side, merge_sql, metric_differences, run_delta, run_engine
 from tests.oracle.tables import latest_version, log_actions, make_delta_table, table_ref
 
@@ -248,13 +248,7 @@ def test_schema_evolution_on_an_id_mode_table(spark: SparkSession, delta_spark: 
     original = _mapped_table(delta_spark, tmp_path / "t", "id")
     max_before = int(_last_configuration(original)["delta.columnMapping.maxColumnId"])
     source = write_table(tmp_path / "source", SOURCE.append_column("added", pa.array([1.5, 2.5, 3.5, 4.5])))
-    spec = make_spec(
-        original,
-        source,
-        "t.id = s.id",
-        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-        schema_evolution=True,
-    )
+    spec = upsert_all_spec(original, source, schema_evolution=True)
     version = run_merge(spark, spec).table_version
     assert version == latest_version(original)
     schema = _schema(original)

@@ -39,12 +39,12 @@ class Service:
         return str(path)
 
 
-def running_service(directory: Path, spark_remote: str) -> Iterator[Service]:
+def running_service(directory: Path, spark_remote: str, **env: str) -> Iterator[Service]:
+    """``env``: more ``MERGE_SERVICE_*`` settings for the service process."""
     home = open_home(directory, spark_remote)
     port = free_port()
-    proc, log = home.spawn(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)], "serve", MERGE_SERVICE_WORKERS="1"
-    )
+    settings = {"MERGE_SERVICE_WORKERS": "1", **env}
+    proc, log = home.spawn([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], "serve", **settings)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

@@ -29,6 +29,7 @@ from service.logs import configure_logging
 from service.runner import EngineRunner, TxnId
 from service.settings import Settings
 from service.worker import Worker
+from tests.service.stand_in import StandInRunner, WrappedRunner
 
 PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")
 
@@ -51,7 +52,7 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class LedgerRunner:
+class LedgerRunner(StandInRunner):
     def __init__(self, directory: Path, crash_at: dict[str, str], step: float) -> None:
         self.dir = directory
         self.crash_at = crash_at
@@ -94,15 +95,6 @@ class LedgerRunner:
             self._maybe_crash(job, "after_commit")
             return Result(table_version=version)
 
-    def interrupt(self, tag: str) -> None:
-        pass
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "ok"
-
-    def close(self) -> None:
-        pass
-
 
 def violation(directory: Path, text: str) -> None:
     with open(directory / "violations", "a") as f:
@@ -129,12 +121,12 @@ def stop_dead(directory: Path, job: ClaimedJob, phase: str, crash_at: dict[str, 
             time.sleep(60)
 
 
-class CrashingEngineRunner:
+class CrashingEngineRunner(WrappedRunner):
     """The real engine, stopping dead at a chosen phase (or right after its commit) on a job's first attempt, and
     noting a second job of one table running at once in ``violations``."""
 
     def __init__(self, inner: EngineRunner, directory: Path, crash_at: dict[str, str]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.dir = directory
         self.crash_at = crash_at
 
@@ -148,17 +140,8 @@ class CrashingEngineRunner:
             stop_dead(self.dir, job, "after_commit", self.crash_at)
         return result
 
-    def interrupt(self, tag: str) -> None:
-        self.inner.interrupt(tag)
-
-    def readiness(self) -> tuple[bool, str]:
-        return self.inner.readiness()
-
     def warm_up(self) -> None:
         self.inner.warm_up()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def main() -> None:

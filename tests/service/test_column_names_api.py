@@ -3,33 +3,13 @@ refused with a 422 because the key was read as an expression."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.manager import JobManager
-from service.settings import Settings
-
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    manager = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    manager.migrate()
-    yield TestClient(create_app(settings, manager=manager), raise_server_exceptions=False)
-    manager.dispose()
-
-
-@pytest.fixture
-def target(lake: Path) -> str:
-    path = lake / "notes"
-    path.mkdir()
-    return str(path)
 
 
 def body(target: str, **overrides: Any) -> dict[str, Any]:

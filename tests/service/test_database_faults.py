@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from engine.spark_server import free_port
+from tests.e2e.harness import wait_ready
 from tests.service.conftest import PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
@@ -60,17 +61,12 @@ def _start_api(env: dict[str, str], home: Path) -> tuple[subprocess.Popen[bytes]
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (home / "api.log").read_text()
-        try:
-            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the API did not become ready:\n{(home / 'api.log').read_text()}")
+    try:
+        wait_ready(base, proc, home / "api.log", what="the API", timeout=90, request_timeout=5)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, base
 
 
 def _timed_get(url: str) -> tuple[int, float, dict[str, object]]:

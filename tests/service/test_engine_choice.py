@@ -3,7 +3,6 @@ deployment's default. No Spark: jobs are only submitted and read back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +12,6 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.manager import JobManager
 from service.settings import Settings
-
-
-@pytest.fixture
-def manager(settings: Settings) -> Iterator[JobManager]:
-    store = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    store.migrate()
-    yield store
-    store.dispose()
 
 
 def client_for(settings: Settings, manager: JobManager) -> TestClient:

@@ -6,35 +6,15 @@ size); the body is read as strict JSON."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from engine.inline_rows import MAX_NESTING
-from service.app import create_app
-from service.manager import JobManager
-from service.settings import Settings
 from tests.service.test_api import assert_problem, spec
 
 JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
-    manager = JobManager.from_url(settings.database_url)
-    manager.migrate()
-    yield TestClient(create_app(settings, manager=manager), raise_server_exceptions=False)
-    manager.dispose()
-
-
-@pytest.fixture
-def target(lake: Path) -> str:
-    path = lake / "orders"
-    path.mkdir()
-    return str(path)
 
 
 def accepted(client: TestClient, body: dict[str, Any]) -> None:

@@ -4,11 +4,7 @@ workers through a restart runs against real Delta tables in tests/e2e/test_order
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,51 +14,17 @@ from service.jobs import NewJob, Status
 from service.manager import JobManager
 from tests.service.conftest import wait_until
 from tests.service.proc_worker import read_ledger, table_name
+from tests.service.worker_processes import WorkerProcesses
 
-ROOT = Path(__file__).resolve().parents[2]
 CRASH_PHASES = ("preparing_source", "finding_touched_files", "writing", "committing", "after_commit")
 
 
-class Workers:
-    def __init__(self, database_url: str, ledger: Path) -> None:
-        self.database_url = database_url
-        self.ledger = ledger
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *, crash_at: dict[str, str] | None = None, step: float = 0.0) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
-            "MERGE_SERVICE_DATABASE_URL": self.database_url,
-            "MERGE_SERVICE_LEASE_SECONDS": "1.5",
-            "MERGE_SERVICE_HEARTBEAT_SECONDS": "0.3",
-            "MERGE_SERVICE_POLL_INTERVAL_SECONDS": "0.02",
-            "MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.05",
-            "MERGE_SERVICE_MAX_ATTEMPTS": "4",
-            "LEDGER_DIR": str(self.ledger),
-            "CRASH_AT": json.dumps(crash_at or {}),
-            "STEP_SECONDS": str(step),
-        }
-        proc = subprocess.Popen([sys.executable, "-m", "tests.service.proc_worker"], cwd=ROOT, env=env)
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture
-def workers(database_url: str, tmp_path: Path) -> Iterator[Workers]:
+def workers(database_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
     ledger = tmp_path / "ledger"
     ledger.mkdir()
-    group = Workers(database_url, ledger)
+    settings = {"MERGE_SERVICE_BACKOFF_BASE_SECONDS": "0.05", "MERGE_SERVICE_MAX_ATTEMPTS": "4"}
+    group = WorkerProcesses(database_url, ledger, settings)
     yield group
     group.stop_all()
 
@@ -91,7 +53,9 @@ def assert_exactly_once(manager: JobManager, ledger: Path, job_ids: dict[str, li
 
 
 @pytest.mark.slow
-def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(jobs_db: JobManager, workers: Workers) -> None:
+def test_sigkill_in_every_phase_still_applies_each_merge_exactly_once(
+    jobs_db: JobManager, workers: WorkerProcesses
+) -> None:
     crash_at = {f"/lake/{phase}": phase for phase in CRASH_PHASES}
     ids = {target: [submit(jobs_db, target)] for target in crash_at}
     doomed = [workers.start(crash_at=crash_at) for _ in CRASH_PHASES]

@@ -54,14 +54,6 @@ def worker_settings(settings: Settings, spark_remote: str) -> Settings:
 
 
 @pytest.fixture
-def manager(worker_settings: Settings) -> Iterator[JobManager]:
-    manager = JobManager.from_url(worker_settings.database_url, lease_seconds=worker_settings.lease_seconds)
-    manager.migrate()
-    yield manager
-    manager.dispose()
-
-
-@pytest.fixture
 def worker(worker_settings: Settings, manager: JobManager) -> Iterator[Worker]:
     worker = Worker(worker_settings, manager=manager)
     yield worker

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,19 +24,6 @@ from service.settings import Settings
 from service.specs import build_merge, parse_request
 
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def app(settings: Settings) -> Iterator[FastAPI]:
-    manager = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    manager.migrate()
-    yield create_app(settings, manager=manager)
-    manager.dispose()
-
-
-@pytest.fixture
-def client(app: FastAPI) -> TestClient:
-    return TestClient(app, raise_server_exceptions=False)
 
 
 def structured(lake: Path, **overrides: Any) -> dict[str, Any]:
@@ -241,6 +227,16 @@ def fuzz_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestCli
     manager.dispose()
 
 
+def assert_accepted_safely_or_refused(client: TestClient, body: dict[str, Any], lake: Path) -> None:
+    """Never a 5xx: a 202 whose merge calls only allowlisted functions, or a 422."""
+    response = client.post("/merges", json=body)
+    assert response.status_code < 500, response.text
+    if response.status_code == 202:
+        assert_only_allowed_calls(body, lake)
+    else:
+        assert response.status_code == 422, response.text
+
+
 @given(query=source_query(), tail=junk)
 @FUZZ
 def test_fuzzed_sql_merges_never_5xx_and_call_only_allowed_functions(
@@ -248,12 +244,7 @@ def test_fuzzed_sql_merges_never_5xx_and_call_only_allowed_functions(
 ) -> None:
     client, lake = fuzz_app
     body = {"sql": sql_body(lake, "(" + query.replace("{lake}", str(lake)) + ")")["sql"] + tail}
-    response = client.post("/merges", json=body)
-    assert response.status_code < 500, response.text
-    if response.status_code == 202:
-        assert_only_allowed_calls(body, lake)
-    else:
-        assert response.status_code == 422, response.text
+    assert_accepted_safely_or_refused(client, body, lake)
 
 
 @given(on=expression, condition=st.one_of(st.none(), expression), value=expression)
@@ -266,9 +257,4 @@ def test_fuzzed_structured_merges_never_5xx_and_call_only_allowed_functions(
     if condition is not None:
         clause["condition"] = condition
     body = structured(lake, on=f"t.id = s.id AND {on} IS NOT NULL", when_matched=[clause])
-    response = client.post("/merges", json=body)
-    assert response.status_code < 500, response.text
-    if response.status_code == 202:
-        assert_only_allowed_calls(body, lake)
-    else:
-        assert response.status_code == 422, response.text
+    assert_accepted_safely_or_refused(client, body, lake)

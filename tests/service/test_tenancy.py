@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +24,8 @@ CANCELLED = {"type": "urn:test:cancelled", "title": "Merge cancelled"}
 
 
 @pytest.fixture
-def manager(database_url: str) -> Iterator[JobManager]:
-    manager = JobManager.from_url(database_url)
-    manager.migrate()
-    yield manager
-    manager.dispose()
+def manager(database_manager: JobManager) -> JobManager:
+    return database_manager
 
 
 @pytest.fixture

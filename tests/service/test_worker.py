@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 import engine.errors as engine_errors
 from service.errors import CancelRequestedError, DatabaseUnavailableError
@@ -22,6 +20,7 @@ from service.runner import TxnId
 from service.settings import Settings
 from service.worker import Worker
 from tests.service.conftest import wait_until
+from tests.service.stand_in import StandInRunner
 
 PHASES = ("preparing_source", "finding_touched_files", "writing", "committing")
 
@@ -34,7 +33,7 @@ class Result:
     already_applied: bool = False
 
 
-class FakeRunner:
+class FakeRunner(StandInRunner):
     """Walks the engine's phases; ``behaviour(job, attempt, phase)`` may raise, block or record."""
 
     def __init__(self, behaviour: Callable[[ClaimedJob, str], None] | None = None) -> None:
@@ -55,20 +54,6 @@ class FakeRunner:
     def interrupt(self, tag: str) -> None:
         self.interrupted.append(tag)
         self.interrupt_event.set()
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "ok"
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture
-def manager(settings: Settings) -> Iterator[JobManager]:
-    m = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    m.migrate()
-    yield m
-    m.dispose()
 
 
 def submit(manager: JobManager, target: str = "/lake/a") -> str:

@@ -72,15 +72,7 @@ def test_a_phase_during_a_database_outage_does_not_stop_the_merge(
     assert runner.committed == [(job_id, 1)]
 
 
-@pytest.fixture
-def job_store(settings: Settings) -> Iterator[JobManager]:
-    store = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    store.migrate()
-    yield store
-    store.dispose()
-
-
-def test_a_database_outage_at_the_commit_is_retried(job_store: JobManager, settings: Settings) -> None:
+def test_a_database_outage_at_the_commit_is_retried(manager: JobManager, settings: Settings) -> None:
     """The commit waits for the job database to confirm the lease; when it cannot, the merge stops before its
     commit. Once the database answers again the job is retried, not failed for good (found by the fault
     campaign: a job failed with "The job database did not answer" and its table unchanged)."""
@@ -90,14 +82,14 @@ def test_a_database_outage_at_the_commit_is_retried(job_store: JobManager, setti
             raise DatabaseUnavailableError("The job database did not answer: OperationalError")
 
     runner = FakeRunner(behaviour)
-    job_id = job_store.submit(NewJob(target="/lake/a", target_key="/lake/a", spec={}, dry_run=False))[0].id
-    worker = Worker(settings, manager=job_store, runner=runner)
+    job_id = manager.submit(NewJob(target="/lake/a", target_key="/lake/a", spec={}, dry_run=False))[0].id
+    worker = Worker(settings, manager=manager, runner=runner)
     worker.start()
     try:
-        wait_until(lambda: job_store.get(job_id).finished, timeout=15)
+        wait_until(lambda: manager.get(job_id).finished, timeout=15)
     finally:
         worker.stop()
-    job = job_store.get(job_id)
+    job = manager.get(job_id)
     assert job.status is Status.SUCCEEDED, job
     assert job.attempts == 2
     assert runner.committed == [(job_id, 2)]

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import pytest
 
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
@@ -17,6 +15,7 @@ from service.runner import TxnId
 from service.settings import Settings
 from service.worker import Worker, stop_workers
 from tests.service.conftest import wait_until
+from tests.service.stand_in import StandInRunner
 
 
 @dataclass
@@ -27,7 +26,7 @@ class Result:
     already_applied: bool = False
 
 
-class StuckRunner:
+class StuckRunner(StandInRunner):
     """Blocks in ``writing`` on its first attempt until released, whatever interrupts it gets."""
 
     def __init__(self) -> None:
@@ -45,23 +44,6 @@ class StuckRunner:
         on_progress("committing")
         self.commits.append((job.lease.job_id, job.lease.attempt))
         return Result()
-
-    def interrupt(self, tag: str) -> None:
-        pass
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, "ok"
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture
-def manager(settings: Settings) -> Iterator[JobManager]:
-    m = JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    m.migrate()
-    yield m
-    m.dispose()
 
 
 def test_stop_keeps_its_budget_and_leaves_a_stuck_attempt_to_its_lease(settings: Settings, manager: JobManager) -> None:

@@ -19,7 +19,7 @@ from engine.delta import Transaction, load_snapshot, scan_files
 from engine.delta.column_mapping import assign_column_mapping, physical_name
 from engine.errors import UnsupportedTableFeatureError
 from tests.engine.delta.util import log_entries
-from tests.engine.harness import clause, make_spec, write_table
+from tests.engine.harness import clause, make_spec, upsert_all_spec, write_table
 
 PHYSICAL = "delta.columnMapping.physicalName"
 STRUCT = pa.struct([("a", pa.int64()), ("b", pa.string())])
@@ -141,13 +141,7 @@ def test_schema_evolution_assigns_physical_names_and_ids(spark: SparkSession, la
         }
     )
     source = write_table(lake / "source", source_data)
-    spec = make_spec(
-        path,
-        source,
-        "t.id = s.id",
-        [clause("matched", "update_all"), clause("notMatched", "insert_all")],
-        schema_evolution=True,
-    )
+    spec = upsert_all_spec(path, source, schema_evolution=True)
     result = run_merge(spark, spec)
     after = _schema(path)
     metadata = next(e["metaData"] for e in log_entries(path, result.table_version) if "metaData" in e)

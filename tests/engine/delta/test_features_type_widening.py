@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 from engine.delta import Metadata, Protocol, check_supported, load_snapshot
 from engine.delta.type_widening import is_schema_evolution_widening, type_widening_enabled, widened_field
 
-from .util import write_log_entry
+from .util import hand_made_add, write_log_entry
 
 
 @pytest.mark.parametrize(
@@ -101,16 +101,7 @@ def test_widened_tables_are_merged_without_their_old_statistics(lake: Path) -> N
                     "createdTime": 0,
                 }
             },
-            {
-                "add": {
-                    "path": "part-0.parquet",
-                    "partitionValues": {},
-                    "size": 10,
-                    "modificationTime": 0,
-                    "dataChange": True,
-                    "stats": json.dumps(stats),
-                }
-            },
+            hand_made_add(stats),
         ],
     )
     snapshot = load_snapshot(path)
