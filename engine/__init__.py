@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     )
     from engine.sql import parse_merge_sql
     from engine.validation import validate_spec
+    from engine.warm_up import warm_up
 
 _EXPORTS = {
     "run_merge": "engine.command",
@@ -51,6 +52,7 @@ _EXPORTS = {
     "TableSource": "engine.spec",
     "UpdateAction": "engine.spec",
     "parse_merge_sql": "engine.sql",
+    "warm_up": "engine.warm_up",
 }
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "run_delta_merge",
     "run_merge",
     "validate_spec",
+    "warm_up",
 ]
 
 

@@ -82,6 +82,12 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.spark_executors.set(math.nan)
+        self.warm_up_seconds = Gauge(
+            "merge_worker_warm_up_seconds",
+            "How long the worker's throwaway first merge took before it claimed work (NaN: not run or failed).",
+            registry=self.registry,
+        )
+        self.warm_up_seconds.set(math.nan)
         self.callback_deliveries = Counter(
             "merge_callback_deliveries",
             "Completion callback attempts, by outcome: delivered, retry (will be tried again), failed (given up).",

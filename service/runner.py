@@ -3,9 +3,11 @@ alive, and the readiness probe that tells /readyz whether Spark answers."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -88,6 +90,11 @@ class EngineRunner:
         self._probe: threading.Thread | None = None
         self._probe_started: float | None = None
         self._answer: tuple[bool, str, float] | None = None
+        self.warm_up_dir = warm_up_dir(settings)
+        self.warmed = threading.Event()
+        """Set once the warm-up merge has run (or failed, or is not wanted): the worker claims jobs after it."""
+        if not settings.warm_up:
+            self.warmed.set()
 
     def session(self) -> Any:
         spark = self._spark
@@ -172,12 +179,32 @@ class EngineRunner:
 
     def warm_up(self) -> None:
         """Start the readiness probe, which also connects before the first job (the embedded server takes
-        seconds to start)."""
+        seconds to start), and the warm-up merge."""
         with self._lock:
             if self._probe is None and not self._closed.is_set():
                 self._probe = threading.Thread(target=self._probe_loop, name="spark-readiness-probe", daemon=True)
                 self._probe.start()
                 threading.Thread(target=self._watch_for_stalls, name="spark-stall-watch", daemon=True).start()
+                if not self.warmed.is_set():
+                    threading.Thread(target=self._warm_up_once, name="spark-warm-up", daemon=True).start()
+
+    def _warm_up_once(self) -> None:
+        """One throwaway merge; whatever its outcome the worker then takes jobs (a failure says so in the log, and
+        jobs run cold, failing as they would have if Spark is away)."""
+        spark = None
+        try:
+            spark = self.session()
+            seconds = engine.warm_up(spark, self.warm_up_dir)
+            log.info("warmed up with a throwaway merge", seconds=round(seconds, 3))
+            if self.metrics is not None:
+                self.metrics.warm_up_seconds.set(seconds)
+        except Exception as exc:
+            message = engine_errors.spark_error_message(exc)
+            if spark is not None and engine_spark.session_lost(spark, exc):
+                self._drop(spark, message)
+            log.warning("the warm-up merge failed; the first job runs cold", error=message)
+        finally:
+            self.warmed.set()
 
     def _probe_loop(self) -> None:
         failures = 0
@@ -233,6 +260,8 @@ class EngineRunner:
         ok, why, at = answer
         if ok and now - at > max(self.probe_interval, 5.0) + self.probe_timeout:
             return False, "the Spark readiness probe has not run lately"
+        if ok and not self.warmed.is_set():
+            return False, "warming up: a throwaway merge on scratch tables runs before the first job"
         return ok, why
 
     def close(self) -> None:
@@ -241,3 +270,10 @@ class EngineRunner:
             spark, self._spark = self._spark, None
         if spark is not None:
             engine_spark.close_session(spark)
+
+
+def warm_up_dir(settings: Settings) -> Path:
+    """``warm_up_dir``, or ``_merge_service_warm_up`` under the first lake root."""
+    if settings.warm_up_dir:
+        return Path(settings.warm_up_dir)
+    return Path(os.path.realpath(settings.lake_roots[0])) / "_merge_service_warm_up"

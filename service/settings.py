@@ -76,6 +76,14 @@ class Settings(BaseSettings):
     have no deadline of their own. Long merges are not affected: the readiness probe's small calls measure it."""
     readiness_timeout_seconds: float = Field(default=2.0, gt=0)
     """How long /readyz waits for the job database's answer before it answers 503."""
+    warm_up: bool = True
+    """Before it claims its first job a worker runs a throwaway merge on scratch tables of its own
+    (``engine.warm_up``), so that the first caller's merge is not the cold one; its readiness says "warming up"
+    meanwhile."""
+    warm_up_dir: str | None = None
+    """Where the warm-up's scratch tables go (removed afterwards); a directory the Spark server can write to.
+    Unset: ``_merge_service_warm_up`` under the first lake root, which Spark and Delta readers skip (a name that
+    starts with ``_``)."""
 
     # --- completion callbacks (``service.callback_delivery``) ------------------------------------------------
     callback_secret: SecretStr | None = None

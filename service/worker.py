@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from datetime import UTC, datetime
 
 import structlog
 from ulid import ULID
@@ -29,6 +30,7 @@ from service.problems import cancelled_problem, job_problem, lease_lost_problem
 from service.retry import backoff_seconds, is_retryable
 from service.runner import EngineRunner, MergeRunner, TxnId
 from service.settings import Settings
+from service.timeline import Timeline
 
 log = structlog.get_logger(__name__)
 
@@ -108,6 +110,11 @@ class Worker:
         warm_up = getattr(self.runner, "warm_up", None)
         if warm_up is not None:
             warm_up()
+        warmed = getattr(self.runner, "warmed", None)
+        if isinstance(warmed, threading.Event):
+            # The first job waits for the warm-up merge rather than paying the cold start itself.
+            while not self._stop.is_set() and not warmed.wait(0.2):
+                pass
         failures = 0
         while not self._stop.is_set():
             try:
@@ -156,6 +163,7 @@ class Worker:
                 )
             tag = f"merge-job-{lease.job_id}-{lease.attempt}"
             control = JobControl(self.manager, lease, self.runner, tag, self.settings.heartbeat_seconds, context)
+            control.timeline = Timeline(job.submitted_at, job.started_at, lease.attempt, datetime.now(UTC))
             control.commit_interruptible = engines.commit_interruptible(engines.stored_engine(job.spec))
             self._current = control
             started = time.monotonic()
@@ -178,13 +186,17 @@ class Worker:
     def _run(self, job: ClaimedJob, control: JobControl) -> str:
         lease = job.lease
         txn = TxnId(app_id=self.settings.app_id, version=job.seq)
+        timeline = control.timeline
+        assert timeline is not None  # set by ``process``
         try:
             result = self.runner.run(job, txn=txn, on_progress=control.on_progress, tag=control.tag)
         except BaseException as exc:  # the attempt's outcome is recorded whatever went wrong
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
+            timeline.mark("recording")
             control.stop()  # the attempt is over: no heartbeat may race the recording of its outcome
             return self._record_failure(job, control, exc)
+        timeline.mark("recording")
         control.stop()
         try:
             self.manager.succeed(
@@ -192,6 +204,7 @@ class Worker:
                 table_version=result.table_version,
                 result=dict(result.result),
                 metrics={k: int(v) for k, v in result.metrics.items()},
+                timeline=timeline.marks(),
             )
         except LeaseLostError:
             log.warning("merge finished but the lease was lost; the next attempt will find its txn")
@@ -201,6 +214,7 @@ class Worker:
 
     def _record_failure(self, job: ClaimedJob, control: JobControl, exc: BaseException) -> str:
         lease = job.lease
+        marks = control.timeline.marks() if control.timeline is not None else None
         try:
             if control.lease_lost or (isinstance(exc, LeaseLostError) and not control.shutting_down):
                 log.warning("attempt abandoned: lease lost", error=str(exc))
@@ -214,6 +228,7 @@ class Worker:
                     error=cancelled_problem(
                         "The merge was cancelled before its commit started; the table is unchanged."
                     ),
+                    timeline=marks,
                 )
                 log.info("job cancelled")
                 return "cancelled"
@@ -233,7 +248,7 @@ class Worker:
                 return "retry" if status.value == "queued" else "cancelled"
             if is_retryable(exc):
                 problem["detail"] = f"{problem['detail']} (gave up after {lease.attempt} attempts)"
-            self.manager.fail(lease, error=problem)
+            self.manager.fail(lease, error=problem, timeline=marks)
             log.warning("job failed", error=str(exc), error_type=type(exc).__name__)
             return "failed"
         except LeaseLostError:

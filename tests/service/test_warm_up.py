@@ -1,0 +1,127 @@
+"""A worker's warm start against a real Spark Connect server: a throwaway merge on scratch tables runs before the
+worker claims its first job, readiness says so meanwhile, and nothing of it is left in the lake."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+import engine
+from service.jobs import NewJob, Status
+from service.manager import JobManager
+from service.metrics import ServiceMetrics
+from service.runner import EngineRunner, warm_up_dir
+from service.settings import Settings
+from service.worker import Worker
+from tests.e2e.harness import upsert_body
+from tests.service.conftest import wait_until
+
+
+class ObservedRunner(EngineRunner):
+    """The real runner, noting what its readiness said while the warm-up ran and whether a job ran before it ended."""
+
+    def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
+        super().__init__(settings, metrics)
+        self.said: set[str] = set()
+        self.ran_before_warm: list[str] = []
+        self._stop_watching = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stop_watching.wait(0.05):
+            self.said.add(self.readiness()[1])
+
+    def run(self, job, *, txn, on_progress, tag):  # type: ignore[no-untyped-def]
+        if not self.warmed.is_set():
+            self.ran_before_warm.append(job.lease.job_id)
+        return super().run(job, txn=txn, on_progress=on_progress, tag=tag)
+
+    def close(self) -> None:
+        self._stop_watching.set()
+        super().close()
+
+
+def _settings(tmp_path: Path, lake: Path, spark_remote: str, **kw: object) -> Settings:
+    return Settings(
+        database_url=f"sqlite:///{tmp_path / 'service.db'}",
+        spark_remote=spark_remote,
+        lake_roots=[str(lake)],
+        poll_interval_seconds=0.05,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_the_first_job_waits_for_the_warm_up_which_leaves_nothing_behind(
+    spark_remote: str, tmp_path: Path, lake: Path
+) -> None:
+    settings = _settings(tmp_path, lake, spark_remote)
+    manager = JobManager.from_url(settings.database_url)
+    manager.migrate()
+    target = lake / "orders"
+    write_deltalake(str(target), pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}))
+    body = upsert_body(target, [{"id": 2, "v": "B"}, {"id": 3, "v": "c"}], "id BIGINT, v STRING")
+    job = manager.submit(NewJob(target=str(target), target_key=str(target), spec=body, dry_run=False))[0]
+    metrics = ServiceMetrics()
+    runner = ObservedRunner(settings, metrics)
+    worker = Worker(settings, manager=manager, runner=runner, metrics=metrics)
+    worker.start()
+    try:
+        wait_until(lambda: manager.get(job.id).status == Status.SUCCEEDED, timeout=180, interval=0.2)
+        wait_until(lambda: runner.readiness() == (True, "ok"), timeout=30, interval=0.1)
+    finally:
+        worker.stop()
+        manager.dispose()
+    assert runner.ran_before_warm == []
+    assert any(said.startswith("warming up") for said in runner.said), runner.said
+    seconds = metrics.registry.get_sample_value("merge_worker_warm_up_seconds")
+    assert seconds is not None and not math.isnan(seconds) and seconds > 0
+    assert sorted(os.listdir(lake)) == ["orders"]  # the scratch tables and their directory are gone
+    assert DeltaTable(str(target)).to_pyarrow_table().sort_by("id").to_pylist() == [
+        {"id": 1, "v": "a"},
+        {"id": 2, "v": "B"},
+        {"id": 3, "v": "c"},
+    ]
+
+
+def test_without_warm_up_the_worker_is_ready_at_once(spark_remote: str, tmp_path: Path, lake: Path) -> None:
+    runner = EngineRunner(_settings(tmp_path, lake, spark_remote, warm_up=False))
+    try:
+        assert runner.warmed.is_set()
+        runner.warm_up()
+        wait_until(lambda: runner.readiness() == (True, "ok"), timeout=60, interval=0.1)
+    finally:
+        runner.close()
+
+
+def test_a_warm_up_that_cannot_reach_spark_gives_up(tmp_path: Path, lake: Path) -> None:
+    """Spark away at start: the warm-up gives up instead of holding the worker's first claim for ever, and
+    readiness names Spark, not the warm-up."""
+    settings = _settings(
+        tmp_path, lake, "sc://127.0.0.1:9", spark_max_retries=0, max_attempts=1, spark_probe_interval_seconds=0.2
+    )
+    runner = EngineRunner(settings)
+    try:
+        runner.warm_up()
+        assert runner.warmed.wait(60)
+        ok, why = runner.readiness()
+        assert not ok and "warming up" not in why
+    finally:
+        runner.close()
+
+
+def test_the_scratch_directory_is_under_the_first_lake_root_unless_set(tmp_path: Path, lake: Path) -> None:
+    assert warm_up_dir(Settings(lake_roots=[str(lake), str(tmp_path)])) == Path(os.path.realpath(lake)) / (
+        "_merge_service_warm_up"
+    )
+    assert warm_up_dir(Settings(lake_roots=[str(lake)], warm_up_dir=str(tmp_path / "w"))) == tmp_path / "w"
+
+
+def test_the_engine_warm_up_merges_both_ways(spark: object, tmp_path: Path) -> None:
+    seconds = engine.warm_up(spark, tmp_path / "scratch")  # type: ignore[arg-type]
+    assert seconds > 0
+    assert not (tmp_path / "scratch").exists()
