@@ -13,6 +13,7 @@ from service.errors import CancelRequestedError, DatabaseUnavailableError, Lease
 from service.jobs import Lease, Phase
 from service.manager import JobManager
 from service.runner import MergeRunner
+from service.timeline import SEGMENTS, Timeline
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +42,8 @@ class JobControl:
         self.commit_interruptible = False
         """The engine finds out after an interrupted commit whether it landed (``engines.commit_interruptible``)."""
         self.shutting_down = False
+        self.timeline: Timeline | None = None
+        """Where the attempt's time goes; the engine's phases are marked as they are reported."""
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._heartbeats, name=f"heartbeat-{lease.job_id}", daemon=True)
@@ -59,6 +62,8 @@ class JobControl:
 
     def on_progress(self, phase: str) -> None:
         """The engine's safe points. Raising here stops the merge; at ``committing`` it is the last chance."""
+        if self.timeline is not None and phase in SEGMENTS:
+            self.timeline.mark(phase)
         with self._lock:
             if self.lease_lost:
                 raise LeaseLostError(f"Job {self.lease.job_id} attempt {self.lease.attempt}: lease lost.")

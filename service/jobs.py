@@ -104,6 +104,8 @@ class JobRecord:
     cancel_requested: bool
     engine: str = "builtin"
     callback: CallbackState | None = None
+    timings: dict[str, int] | None = None
+    """Where a finished job's time went (``service.timeline``); None before it ends."""
 
     @property
     def finished(self) -> bool:

@@ -4,8 +4,8 @@ raises ``LeaseLostError``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, select, update
@@ -15,6 +15,10 @@ from service.errors import LeaseLostError
 from service.jobs import ENGINE_PHASES, Lease, Phase, Status, sources_for
 from service.models import jobs
 from service.store import JobStore
+from service.timeline import close
+
+Marks = Sequence[tuple[str, datetime]]
+"""An attempt's timeline marks (``service.timeline.Timeline.marks``)."""
 
 # The worker's statements, built once and outside its transactions: on SQLite every write transaction holds the
 # database's single write lock, so nothing that can be done before BEGIN should be done after it.
@@ -90,10 +94,13 @@ class JobLeases(JobStore):
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
         return bool(row.cancel_requested)
 
-    def _finish(self, lease: Lease, status: Status, **values: Any) -> None:
+    def _finish(self, lease: Lease, status: Status, timeline: Marks | None = None, **values: Any) -> None:
+        """``timeline``: the attempt's marks, its last segment closed at ``finished_at``."""
         if Status.RUNNING.value not in sources_for(status):
             raise ValueError(f"a running job cannot become {status}")
         now_param = bindparam("now", type_=jobs.c.updated_at.type)
+        if timeline is not None:
+            values["timings"] = bindparam("timings", type_=jobs.c.timings.type)
         statement = (  # built before the transaction: on SQLite, nobody else may write while it is open
             update(jobs)
             .where(self._fenced(lease))
@@ -110,22 +117,46 @@ class JobLeases(JobStore):
         )
         with self._tx(write=True) as conn:
             now = self.clock()
-            done = conn.execute(statement, {"now": now}).first()
+            params: dict[str, Any] = {"now": now}
+            if timeline is not None:
+                params["timings"] = close(list(timeline), now)
+            done = conn.execute(statement, params).first()
             if done is not None and done.callback_url is not None:
                 enqueue_delivery(conn, lease.job_id, now, status.value)
         if done is None:
             raise LeaseLostError(f"Job {lease.job_id} attempt {lease.attempt} is no longer held by {lease.owner}.")
 
     def succeed(
-        self, lease: Lease, *, table_version: int | None, result: dict[str, int], metrics: dict[str, int]
+        self,
+        lease: Lease,
+        *,
+        table_version: int | None,
+        result: dict[str, int],
+        metrics: dict[str, int],
+        timeline: Marks | None = None,
     ) -> None:
-        self._finish(lease, Status.SUCCEEDED, table_version=table_version, result=result, metrics=metrics, error=None)
+        self._finish(
+            lease,
+            Status.SUCCEEDED,
+            timeline,
+            table_version=table_version,
+            result=result,
+            metrics=metrics,
+            error=None,
+        )
 
-    def fail(self, lease: Lease, *, error: dict[str, Any], metrics: dict[str, int] | None = None) -> None:
-        self._finish(lease, Status.FAILED, error=error, metrics=metrics)
+    def fail(
+        self,
+        lease: Lease,
+        *,
+        error: dict[str, Any],
+        metrics: dict[str, int] | None = None,
+        timeline: Marks | None = None,
+    ) -> None:
+        self._finish(lease, Status.FAILED, timeline, error=error, metrics=metrics)
 
-    def cancel_running(self, lease: Lease, *, error: dict[str, Any]) -> None:
-        self._finish(lease, Status.CANCELLED, error=error)
+    def cancel_running(self, lease: Lease, *, error: dict[str, Any], timeline: Marks | None = None) -> None:
+        self._finish(lease, Status.CANCELLED, timeline, error=error)
 
     def retry(self, lease: Lease, *, error: dict[str, Any], delay_seconds: float) -> Status:
         """Back to the queue after a transient failure (or cancelled, if that was asked for meanwhile)."""

@@ -94,6 +94,8 @@ class Job(Base):
     table_version: Mapped[int | None] = mapped_column(BigInteger)
     result: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    """Where a finished job's time went, milliseconds by segment (``service.timeline``)."""
     error: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     idempotency_scope: Mapped[str] = mapped_column(String(64), nullable=False, default="", server_default="")

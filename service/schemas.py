@@ -237,6 +237,11 @@ class JobOut(BaseModel):
     metrics: dict[str, int] | None
     error: JobError | None
     callback: CallbackOut | None = None
+    timings: dict[str, int] | None = Field(
+        default=None,
+        description="Where a finished job's time went, in milliseconds by segment, adding up to finished_at - "
+        "submitted_at: queued, retrying, starting, the engine's phases, recording. Absent before the job ends.",
+    )
 
 
 class JobListOut(BaseModel):

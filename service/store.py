@@ -17,6 +17,7 @@ from service.db import SQLITE_BUSY_TIMEOUT_MS, create_db_engine, is_sqlite
 from service.errors import DatabaseUnavailableError
 from service.jobs import CallbackEvent, CallbackState, DeliveryStatus, JobRecord, Phase, Status
 from service.models import callbacks, jobs
+from service.timeline import in_order
 
 Clock = Callable[[], datetime]
 
@@ -44,6 +45,7 @@ RECORD_COLUMNS = (
     jobs.c.cancel_requested,
     jobs.c.engine,
     jobs.c.callback_url,
+    jobs.c.timings,
 )
 DELIVERY_COLUMNS = (
     callbacks.c.id.label("delivery_id"),
@@ -102,6 +104,7 @@ def job_record(row: Row[Any] | Any) -> JobRecord:
         cancel_requested=bool(m["cancel_requested"]),
         engine=m["engine"],
         callback=callback_state(m),
+        timings=None if m["timings"] is None else in_order(m["timings"]),
     )
 
 

@@ -24,6 +24,8 @@ class Job:
     result: dict[str, int] | None
     metrics: dict[str, int] | None
     error: dict[str, Any] | None
+    timings: dict[str, int] | None
+    """Where the job's time went, milliseconds by segment, once it has ended (``docs/api.md``, Timings)."""
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -38,6 +40,7 @@ class Job:
             result=data.get("result"),
             metrics=data.get("metrics"),
             error=data.get("error"),
+            timings=data.get("timings"),
             raw=dict(data),
         )
 

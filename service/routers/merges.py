@@ -75,6 +75,7 @@ def job_out(job: JobRecord) -> JobOut:
         metrics=job.metrics,
         error=job.error,  # type: ignore[arg-type]
         callback=callback_out(job),
+        timings=job.timings,
     )
 
 
@@ -84,6 +85,8 @@ def job_json(job: JobRecord) -> dict[str, Any]:
         data["error"] = {k: v for k, v in data["error"].items() if v is not None}
     if data["callback"] is None:  # a job without a callback reads as jobs did before callbacks existed
         del data["callback"]
+    if data["timings"] is None:  # shown once the job has ended
+        del data["timings"]
     return data
 
 

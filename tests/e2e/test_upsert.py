@@ -4,6 +4,7 @@ server process, SQLite job table, Delta tables on disk checked with deltalake.""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -54,6 +55,14 @@ def test_upsert_end_to_end(service: dict[str, Any]) -> None:
     assert job["metrics"]["numSourceRows"] == 2
     assert job["metrics"]["numTargetRowsInserted"] == 1
     assert job["metrics"]["numTargetRowsMatchedUpdated"] == 1
+    # Where the time went adds up to the job's wall time, and the engine's phases hold its execution time.
+    timings = job["timings"]
+    wall_ms = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["submitted_at"])).total_seconds()
+    wall_ms *= 1000
+    assert abs(sum(timings.values()) - wall_ms) <= 0.05 * wall_ms, (timings, wall_ms)
+    assert all(value >= 0 for value in timings.values()), timings
+    engine_ms = sum(timings[p] for p in ("preparing_source", "finding_touched_files", "writing", "committing"))
+    assert engine_ms + timings["starting"] >= job["metrics"]["executionTimeMs"], (timings, job["metrics"])
 
     dt = DeltaTable(str(table))
     assert dt.version() == 1

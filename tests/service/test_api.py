@@ -373,4 +373,4 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert len(body["oneOf"]) == 2
     assert "HTTPValidationError" not in str(doc)
     job = doc["components"]["schemas"]["JobOut"]
-    assert set(job["properties"]) == JOB_FIELDS | {"callback"}  # present on jobs that name one
+    assert set(job["properties"]) == JOB_FIELDS | {"callback", "timings"}  # present on some jobs only
