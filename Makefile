@@ -34,10 +34,10 @@ lint: $(STAMP)
 bench: $(STAMP) check-java
 	$(BIN)/python bench/merge_bench.py
 
-# The deployment end to end (docker-compose.yml): needs dockerd; builds stand-ins for the base images when no
-# registry is reachable. See deploy/test/compose_check.py.
+# The deployment end to end (docker-compose.yml): needs dockerd (run as root, it installs and starts one when none
+# answers); builds stand-ins for the base images when no registry is reachable. See deploy/test/compose_check.py.
 compose-check: $(STAMP)
-	$(BIN)/python deploy/test/compose_check.py
+	$(BIN)/python deploy/test/compose_check.py --start-dockerd
 
 # Delta on Spark for the oracle tests (tests/oracle): the pyspark wheel Delta supports and Delta's jars from Maven
 # Central, once, into ~/.cache/merge-service/delta-spark (MERGE_DELTA_SPARK_CACHE moves it).

@@ -1,6 +1,7 @@
 """The deployment end to end (deploy/test/compose_check.py): runs when this machine has a dockerd, or can start
-one (root with apt-get). `make test` leaves it out (pyproject.toml: `-m "not compose"`): it takes 20 minutes
-or more; `make compose-check` or `pytest -m compose` runs it."""
+one (root with apt-get), so `make test` and CI run it there; it takes some 12 minutes (image builds, the stack's
+start, a killed worker, down and up). `make compose-check` or `pytest -m compose` runs it alone, and
+`pytest -m 'not compose'` leaves it out."""
 
 from __future__ import annotations
 
