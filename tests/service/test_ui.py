@@ -19,7 +19,7 @@ from service.jobs import Phase, Status
 from service.manager import JobManager
 from service.settings import Settings
 from service.ui_pages import WINDOWS
-from tests.service.ui_jobs import NOW, JobRow, failure, fingerprint, insert_jobs
+from tests.service.ui_jobs import JobRow, failure, fingerprint, insert_jobs, now
 
 TENANT, OTHER, ADMIN = "tenant-token", "other-token", "admin-token"
 BASE = "http://testserver"
@@ -154,7 +154,7 @@ def test_cancel_from_the_page_for_the_jobs_the_token_may_cancel(app: FastAPI, ma
 
 def test_failures_are_paged_latest_first_with_their_reason(app: FastAPI, manager: JobManager) -> None:
     rows = [
-        JobRow(Status.FAILED, "/lake/a", finished_at=NOW - timedelta(minutes=i), error=failure(f"reason number {i}"))
+        JobRow(Status.FAILED, "/lake/a", finished_at=now() - timedelta(minutes=i), error=failure(f"reason number {i}"))
         for i in range(45)
     ]
     insert_jobs(manager.engine, rows)
@@ -171,7 +171,7 @@ def test_failures_are_paged_latest_first_with_their_reason(app: FastAPI, manager
 
 def test_plots_count_and_time_the_merges_that_ended_in_each_slice(app: FastAPI, manager: JobManager) -> None:
     window = WINDOWS["1h"]
-    start = window.start(NOW)
+    start = window.start(now())
     rows = []
     for minute, seconds in [(3, 10), (3, 30), (10, 4), (59, 2)]:
         end = start + timedelta(minutes=minute, seconds=20)
@@ -204,8 +204,9 @@ def test_the_page_answers_quickly_with_100000_jobs(app: FastAPI, manager: JobMan
     owners = [fingerprint(TENANT), fingerprint(OTHER), fingerprint(ADMIN)]
     statuses = [Status.SUCCEEDED] * 6 + [Status.FAILED, Status.CANCELLED, Status.QUEUED]
     rows = []
+    current = now()
     for i in range(HUNDRED_THOUSAND):
-        ended = NOW - timedelta(seconds=7 * i)  # spread over about eight days
+        ended = current - timedelta(seconds=7 * i)  # spread over about eight days
         status = statuses[i % len(statuses)]
         rows.append(
             JobRow(
@@ -260,7 +261,7 @@ def test_every_query_of_the_page_reads_an_index_range(tmp_path: Path) -> None:
         store.running(owner=owner)
         store.queued(owner=owner)
         store.failures(owner=owner)
-        store.finished_over_time(since=window.start(NOW), width=window.width, buckets=window.buckets, owner=owner)
+        store.finished_over_time(since=window.start(now()), width=window.width, buckets=window.buckets, owner=owner)
     with store.engine.connect() as conn:
         plans = [[step[3] for step in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + s, p)] for s, p in statements]
     store.dispose()

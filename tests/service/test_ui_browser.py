@@ -27,7 +27,7 @@ from service.jobs import Phase, Status
 from service.manager import JobManager
 from service.settings import Settings
 from tests.service.conftest import IN_CI
-from tests.service.ui_jobs import NOW, JobRow, failure, fingerprint, insert_jobs, set_phase
+from tests.service.ui_jobs import JobRow, failure, fingerprint, insert_jobs, now, set_phase
 
 TENANT, OTHER, ADMIN = "tenant-token", "other-token", "admin-token"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -136,8 +136,9 @@ def history(owner: str, tables: list[str], seed: int = 7) -> list[JobRow]:
     """A day of finished merges, so the plots have something to draw."""
     rng = random.Random(seed)
     rows = []
+    current = now()
     for i in range(160):
-        ended = NOW - timedelta(minutes=9 * i + rng.randint(0, 8))
+        ended = current - timedelta(minutes=9 * i + rng.randint(0, 8))
         took = rng.uniform(4, 40) * (1.6 if 40 < i < 70 else 1.0)
         failed = rng.random() < 0.06
         rows.append(
