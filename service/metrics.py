@@ -75,6 +75,11 @@ class ServiceMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+        self._worker_metrics()
+        self._http_metrics()
+
+    def _worker_metrics(self) -> None:
+        """What a worker process reports about Spark, its warm-up and its callbacks."""
         self.spark_executors = Gauge(
             "merge_spark_executors",
             "Executors the Spark Connect application can run tasks on, as a worker's readiness check last read "
@@ -106,6 +111,8 @@ class ServiceMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
+
+    def _http_metrics(self) -> None:
         self.http_requests = Counter(
             "merge_http_requests",
             "HTTP requests answered, by method, route and status.",
