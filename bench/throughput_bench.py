@@ -147,8 +147,8 @@ class Stack:
         self.next_id = 100
 
     def pids(self) -> list[int]:
-        pids = [self.spark.pid, *(p.proc.pid for p in [self.api, *self.workers] if p.proc is not None)]
-        return [pid for pid in pids if pid is not None]
+        pids = [self.spark.process.pid, *(p.proc.pid for p in [self.api, *self.workers] if p.proc is not None)]
+        return pids
 
     def cpu_seconds(self) -> float:
         total = 0.0
@@ -275,7 +275,8 @@ def report(runs: dict[str, RunFigures], args: argparse.Namespace) -> list[str]:
                 continue
             walls, engines = [j.wall for j in jobs], [j.engine for j in jobs]
             rate = len(jobs) / run.seconds * 60
-            cpu = run.cpu_seconds / len(run.jobs)
+            # The first run's CPU is mostly the workers' start and warm-up: not a merge's cost.
+            cpu = run.cpu_seconds / len(run.jobs) if run.name != "first" else float("nan")
             lines.append(
                 f"{run.name + '/' + kind:<16}{len(jobs):>4} {run.seconds:6.1f} {rate:10.1f}   "
                 f"{percentile(walls, 50):6.3f} {percentile(walls, 95):6.3f}      "
