@@ -10,6 +10,11 @@ from pyspark.sql import SparkSession
 
 from engine.spark import configure_session
 from engine.spark_server import SparkProcess, start_connect_server, start_standalone_cluster
+from tests.oracle.fixtures import delta_spark, delta_spark_server
+
+# Session fixtures are one per place they are defined: Delta on Spark (a JVM of a minute's start and gigabytes of
+# heap) is offered here once, for tests/oracle, tests/e2e and the engine tests that check their tables with it.
+__all__ = ["delta_spark", "delta_spark_server"]
 
 
 @pytest.fixture(scope="session")

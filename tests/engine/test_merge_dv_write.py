@@ -20,7 +20,6 @@ from engine.delta.transaction import Transaction
 from tests.engine.delta.dv_tables import delete_rows, enable_deletion_vectors, kill_once_written, read_with_deltalake
 from tests.engine.harness import clause, join_plan, make_spec, stray_files, write_table
 from tests.engine.test_merge_dv import _KILLED_MERGE
-from tests.oracle.fixtures import delta_spark, delta_spark_server  # noqa: F401
 from tests.oracle.tables import make_delta_table
 
 Row = tuple[Any, ...]
@@ -276,7 +275,7 @@ DELTA_METRICS = (
 )
 def test_delta_on_spark_reads_the_merge_and_agrees(
     spark: SparkSession,
-    delta_spark: SparkSession,  # noqa: F811
+    delta_spark: SparkSession,
     tmp_path: Path,
     merge: str,
 ) -> None:

@@ -1,5 +1,2 @@
-"""Delta on Spark as the oracle: the fixtures of tests/oracle/fixtures.py for the tests here."""
-
-from tests.oracle.fixtures import delta_spark, delta_spark_server
-
-__all__ = ["delta_spark", "delta_spark_server"]
+"""Delta on Spark as the oracle: the ``delta_spark`` fixtures (tests/oracle/fixtures.py) come from the root conftest,
+so that one Delta server serves the whole run."""

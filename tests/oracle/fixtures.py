@@ -1,7 +1,7 @@
 """The ``delta_spark`` fixture: a Spark Connect session on Delta's own Spark, with Delta's SQL extension and catalog.
 
-tests/oracle/conftest.py offers it to the tests here; any other conftest can offer it the same way
-(``from tests.oracle.fixtures import delta_spark, delta_spark_server``).
+The root conftest (tests/conftest.py) offers it to every test, once: a session fixture imported into several
+conftests would be started once per conftest.
 """
 
 from __future__ import annotations
