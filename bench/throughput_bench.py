@@ -52,22 +52,13 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from bench.fault_campaign import ServiceProcess  # noqa: E402
 from engine.spark_server import SparkProcess, free_port, start_connect_server  # noqa: E402
+from service.timeline import SEGMENTS  # noqa: E402
 from tests.e2e.harness import upsert_body  # noqa: E402
 from tests.service.conftest import PostgresServer  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT, v STRING"
 FINAL = {"succeeded", "failed", "cancelled"}
-SEGMENTS = (
-    "queued",
-    "retrying",
-    "starting",
-    "preparing_source",
-    "finding_touched_files",
-    "writing",
-    "committing",
-    "recording",
-)
 
 
 @dataclass
