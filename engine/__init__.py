@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     )
     from engine.sql import parse_merge_sql
     from engine.validation import validate_spec
-    from engine.warm_up import warm_up
+    from engine.warm_start import warm_up
 
 _EXPORTS = {
     "run_merge": "engine.command",
@@ -52,7 +52,7 @@ _EXPORTS = {
     "TableSource": "engine.spec",
     "UpdateAction": "engine.spec",
     "parse_merge_sql": "engine.sql",
-    "warm_up": "engine.warm_up",
+    "warm_up": "engine.warm_start",
 }
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""A throwaway merge that warms a Spark Connect session before a worker takes its first job.
+"""A warm start: a throwaway merge that warms a Spark Connect session before a worker takes its first job.
 
 The first merge of a process pays for everything that is loaded once: the engine's and Spark Connect's Python
 modules, the server's classes for each plan shape, and the JIT that has not yet compiled them. A merge on a table
