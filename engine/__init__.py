@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from engine.auto_cdc.run import run_auto_cdc, validate_auto_cdc
+    from engine.auto_cdc.spec import AutoCdcSpec
     from engine.command import run_merge
     from engine.delta_connect import run_delta_merge
     from engine.inline_rows import rows_to_arrow
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
     from engine.warm_start import warm_up
 
 _EXPORTS = {
+    "AutoCdcSpec": "engine.auto_cdc.spec",
+    "run_auto_cdc": "engine.auto_cdc.run",
+    "validate_auto_cdc": "engine.auto_cdc.run",
     "run_merge": "engine.command",
     "run_delta_merge": "engine.delta_connect",
     "validate_spec": "engine.validation",
@@ -59,6 +64,7 @@ __all__ = [
     "ALL_METRICS",
     "COMMIT_METRICS",
     "AppTransaction",
+    "AutoCdcSpec",
     "DeleteAction",
     "InsertAction",
     "MergeClause",
@@ -72,8 +78,10 @@ __all__ = [
     "connect",
     "parse_merge_sql",
     "rows_to_arrow",
+    "run_auto_cdc",
     "run_delta_merge",
     "run_merge",
+    "validate_auto_cdc",
     "validate_spec",
     "warm_up",
 ]

@@ -108,6 +108,14 @@ class StorageWriteError(MergeServiceEngineError):
 # --- the Delta table layer -----------------------------------------------------------------------------------
 
 
+class AutoCdcIncompleteError(MergeServiceEngineError):
+    """An AUTO CDC batch's target merge committed but its tombstones merge did not: the job is run again, which
+    finds the target's commit by its ``txn`` and finishes the tombstones."""
+
+    title = "AUTO CDC batch half applied"
+    retryable = True
+
+
 class DeltaError(MergeServiceEngineError):
     """Root of the Delta table layer's errors."""
 

@@ -15,7 +15,7 @@ from engine.delta import ReadScope
 from engine.errors import SourceError
 from engine.expression_rules import source_query_sql
 from engine.inline_rows import rows_to_arrow
-from engine.spec import QuerySource, RowsSource, Source, TableSource
+from engine.spec import FrameSource, QuerySource, RowsSource, Source, TableSource
 
 GLOB_CHARACTERS = frozenset("*?[]{}\\")
 """Characters Hadoop expands in a path Spark reads: a glob could reach through a symlink out of the lake."""
@@ -95,6 +95,12 @@ def source_dataframe(
             df.schema  # noqa: B018
         except Exception as exc:
             raise SourceError(f"source: the source query does not run: {_first_line(exc)}", field="source") from None
+        return df
+    if isinstance(source, FrameSource):
+        built: list[str] = []
+        df = source.build(spark, built)
+        if views is not None:
+            views.extend(built)
         return df
     raise SourceError(f"source: unsupported source {type(source).__name__}", field="source")
 

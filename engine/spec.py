@@ -7,11 +7,14 @@ resolved against the tables when the merge runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import MergeSpecError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 ClauseType = Literal["matched", "notMatched", "notMatchedBySource"]
 """Delta's ``clauseType`` names; they appear in precomputed condition columns and commit parameters."""
@@ -102,7 +105,18 @@ class QuerySource:
     relations: Mapping[str, TableSource] = field(default_factory=dict)
 
 
-Source = TableSource | RowsSource | QuerySource
+@dataclass(frozen=True)
+class FrameSource:
+    """A source the engine itself builds in Spark (an AUTO CDC batch's compiled events); never from a request.
+
+    ``build(spark, views)`` answers the DataFrame, appending any temporary view it creates to ``views`` for the
+    merge to drop when it ends. It runs again for each attempt, so it reads the tables as they are then."""
+
+    build: Callable[[SparkSession, list[str]], DataFrame] = field(compare=False)
+    description: str = "a compiled source"
+
+
+Source = TableSource | RowsSource | QuerySource | FrameSource
 
 DeletionVectorsMode = Literal["auto", "off"]
 

@@ -21,8 +21,14 @@ def chosen_engine(requested: str | None, default: str) -> str:
     return requested or default
 
 
-def check_engine(name: str, *, dry_run: bool) -> None:
+def check_engine(name: str, *, dry_run: bool, auto_cdc: bool = False) -> None:
     """What one engine cannot do is refused at submission, by name."""
+    if name == "delta" and auto_cdc:
+        raise RequestValidationProblem(
+            "engine",
+            "engine: AUTO CDC batches run on the builtin engine (its two merges share the job's txn); submit it "
+            'with "engine": "builtin".',
+        )
     if name == "delta" and dry_run:
         raise RequestValidationProblem(
             "dry_run",

@@ -75,6 +75,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     engine_errors.MergeCancelledError: "cancelled",
     engine_errors.SparkUnavailableError: "spark-unavailable",
     engine_errors.StorageWriteError: "storage-write",
+    engine_errors.AutoCdcIncompleteError: "auto-cdc-incomplete",
     # The Delta table layer.
     engine_errors.DeltaError: "delta",
     engine_errors.TableNotFoundError: "table-not-found",

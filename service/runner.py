@@ -146,7 +146,10 @@ class EngineRunner:
         spark = self.session()
         spark.addTag(tag)
         try:
-            return engines.merge_function(engines.stored_engine(job.spec))(
+            run = engines.merge_function(engines.stored_engine(job.spec))
+            if isinstance(built.spec, engine.AutoCdcSpec):
+                run = engine.run_auto_cdc
+            return run(
                 spark,
                 built.spec,
                 txn=txn,

@@ -162,17 +162,56 @@ class SqlMergeIn(_Strict):
     callback: CallbackUrl | None = None
 
 
+ColumnList = Annotated[list[NonEmpty], Field(min_length=1)]
+
+
+class AutoCdcIn(_Strict):
+    """How a batch of change events is applied (docs/auto-cdc.md); names as in Databricks' AUTO CDC."""
+
+    keys: ColumnList = Field(description="The columns that identify a row.")
+    sequence_by: NonEmpty | ColumnList = Field(
+        description="A column or expression that orders the events of a key; several are compared in order."
+    )
+    apply_as_deletes: NonEmpty | None = Field(default=None, description="A condition true for delete events.")
+    apply_as_truncates: NonEmpty | None = Field(
+        default=None, description="A condition true for truncate events (SCD type 1); not supported yet: 422."
+    )
+    column_list: ColumnList | None = None
+    except_column_list: ColumnList | None = None
+    ignore_null_updates: StrictBool = False
+    ignore_null_updates_column_list: ColumnList | None = None
+    ignore_null_updates_except_column_list: ColumnList | None = None
+    stored_as_scd_type: Literal[1, 2] = 1
+    track_history_column_list: ColumnList | None = None
+    track_history_except_column_list: ColumnList | None = None
+
+
+class AutoCdcMergeIn(_Strict):
+    """A batch of change events applied in sequence order, kept as SCD type 1 or 2: AUTO CDC."""
+
+    target: NonEmpty
+    source: SourceIn
+    auto_cdc: AutoCdcIn
+    dry_run: StrictBool = False
+    engine: EngineName | None = None
+    callback: CallbackUrl | None = None
+
+
 def _merge_kind(value: Any) -> str:
     if isinstance(value, dict):
-        return "sql" if "sql" in value else "spec"
-    return "sql" if isinstance(value, SqlMergeIn) else "spec"
+        return "sql" if "sql" in value else "auto_cdc" if "auto_cdc" in value else "spec"
+    if isinstance(value, SqlMergeIn):
+        return "sql"
+    return "auto_cdc" if isinstance(value, AutoCdcMergeIn) else "spec"
 
 
 MergeRequest = Annotated[
-    Annotated[StructuredMergeIn, Tag("spec")] | Annotated[SqlMergeIn, Tag("sql")],
+    Annotated[StructuredMergeIn, Tag("spec")]
+    | Annotated[SqlMergeIn, Tag("sql")]
+    | Annotated[AutoCdcMergeIn, Tag("auto_cdc")],
     Discriminator(_merge_kind),
 ]
-UNION_TAGS = frozenset({"spec", "sql", "table", "rows"})
+UNION_TAGS = frozenset({"spec", "sql", "auto_cdc", "table", "rows"})
 
 # --- answers --------------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import engine.errors as engine_errors
 from service.errors import RequestValidationProblem
 from service.paths import LakeRoots
 from service.schemas import (
+    AutoCdcMergeIn,
     DeleteClause,
     InsertAllClause,
     InsertClause,
@@ -51,11 +52,17 @@ class BuiltMerge:
     dry_run: bool
 
 
-def parse_request(stored: dict[str, Any]) -> StructuredMergeIn | SqlMergeIn:
+Request = StructuredMergeIn | SqlMergeIn | AutoCdcMergeIn
+AUTO_CDC_FIELDS = frozenset(AutoCdcMergeIn.model_fields["auto_cdc"].annotation.model_fields)  # type: ignore[union-attr]
+
+
+def parse_request(stored: dict[str, Any]) -> Request:
     return _REQUEST.validate_python(stored)
 
 
-def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> BuiltMerge:
+def build_merge(body: Request, roots: LakeRoots) -> BuiltMerge:
+    if isinstance(body, AutoCdcMergeIn):
+        return _build_auto_cdc(body, roots)
     if isinstance(body, SqlMergeIn):
         spec, target = _guard(body, lambda: _from_sql(body, roots))
         dry_run = body.dry_run
@@ -76,6 +83,60 @@ def build_merge(body: StructuredMergeIn | SqlMergeIn, roots: LakeRoots) -> Built
     _check_rows(spec)
     spec = dataclasses.replace(spec, lake_roots=tuple(str(r) for r in roots.roots))
     return BuiltMerge(spec=spec, target=target, target_key=spec.target, dry_run=dry_run)
+
+
+def _build_auto_cdc(body: AutoCdcMergeIn, roots: LakeRoots) -> BuiltMerge:
+    """An AUTO CDC batch: its spec checked by the engine's rules, each failure a 422 naming the field in the body
+    (``auto_cdc.keys``, ``source.rows[2].id``)."""
+    cdc = body.auto_cdc
+    sequence = (cdc.sequence_by,) if isinstance(cdc.sequence_by, str) else tuple(cdc.sequence_by)
+
+    def names(value: list[str] | None) -> tuple[str, ...] | None:
+        return None if value is None else tuple(value)
+
+    spec = engine.AutoCdcSpec(
+        target=roots.resolve(body.target, "target"),
+        source=_structured_source(body.source, roots),
+        keys=tuple(cdc.keys),
+        sequence_by=sequence,
+        apply_as_deletes=cdc.apply_as_deletes,
+        apply_as_truncates=cdc.apply_as_truncates,
+        column_list=names(cdc.column_list),
+        except_column_list=names(cdc.except_column_list),
+        ignore_null_updates=cdc.ignore_null_updates,
+        ignore_null_updates_column_list=names(cdc.ignore_null_updates_column_list),
+        ignore_null_updates_except_column_list=names(cdc.ignore_null_updates_except_column_list),
+        stored_as_scd_type=cdc.stored_as_scd_type,
+        track_history_column_list=names(cdc.track_history_column_list),
+        track_history_except_column_list=names(cdc.track_history_except_column_list),
+    )
+    try:
+        spec = engine.validate_auto_cdc(spec)
+    except engine_errors.MergeSpecError as exc:
+        field = exc.field or "auto_cdc"
+        if field.split("[", 1)[0] in AUTO_CDC_FIELDS:
+            field = f"auto_cdc.{field}"
+        message = str(exc)
+        if exc.field and message.startswith(exc.field):
+            message = field + message[len(exc.field) :]
+        raise RequestValidationProblem(field, message, title=exc.title) from exc
+    except Exception as exc:  # a parser that fails on input it should have refused: still the caller's input
+        raise RequestValidationProblem(
+            "auto_cdc", f"auto_cdc: cannot parse an expression as Spark SQL ({type(exc).__name__})."
+        ) from exc
+    _check_rows(spec)
+    spec = dataclasses.replace(spec, lake_roots=tuple(str(r) for r in roots.roots))
+    return BuiltMerge(spec=spec, target=body.target, target_key=spec.target, dry_run=body.dry_run)
+
+
+def _structured_source(source: Any, roots: LakeRoots) -> Any:
+    if isinstance(source, RowsSourceIn):
+        return engine.RowsSource(rows=source.rows, schema=source.schema_ddl)
+    return engine.TableSource(
+        format=source.format,
+        path=roots.resolve(source.path, "source.path"),
+        options={k: _option_text(v) for k, v in source.options.items()},
+    )
 
 
 @dataclass(frozen=True)
@@ -205,9 +266,7 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
     source = spec.source
     if isinstance(source, engine.TableSource):
         source = dataclasses.replace(source, path=roots.resolve(source.path, "sql"))
-    elif isinstance(source, engine.RowsSource):
-        pass
-    else:  # a SELECT over other sources: every relation it reads must be in the lake too
+    elif isinstance(source, engine.QuerySource):  # a SELECT over other sources: each relation must be in the lake
         relations = {
             name: dataclasses.replace(rel, path=roots.resolve(rel.path, "sql"))
             for name, rel in source.relations.items()
@@ -231,14 +290,7 @@ def _option_text(value: str | bool | int | float) -> str:
 
 def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:
     target = roots.resolve(body.target, "target")
-    if isinstance(body.source, RowsSourceIn):
-        source: Any = engine.RowsSource(rows=body.source.rows, schema=body.source.schema_ddl)
-    else:
-        source = engine.TableSource(
-            format=body.source.format,
-            path=roots.resolve(body.source.path, "source.path"),
-            options={k: _option_text(v) for k, v in body.source.options.items()},
-        )
+    source = _structured_source(body.source, roots)
     _check_clause_rules(body)
     groups: dict[str, tuple[Any, ...]] = {}
     for name, clause_type, _ in GROUPS:

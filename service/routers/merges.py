@@ -15,7 +15,7 @@ from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
 from service.jobs import JobRecord, NewJob, Status
 from service.middleware import StrictJsonRoute
 from service.problems import cancelled_problem
-from service.schemas import CallbackOut, JobListOut, JobOut, MergeRequest, Problem
+from service.schemas import AutoCdcMergeIn, CallbackOut, JobListOut, JobOut, MergeRequest, Problem
 from service.specs import build_merge
 
 router = APIRouter(prefix="/merges", tags=["merges"], route_class=StrictJsonRoute)
@@ -121,8 +121,9 @@ def submit_merge(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)] = None,
 ) -> Response:
     built = build_merge(body, roots)
-    engine_name = engines.chosen_engine(body.engine, settings.default_engine)
-    engines.check_engine(engine_name, dry_run=built.dry_run)
+    auto_cdc = isinstance(body, AutoCdcMergeIn)
+    engine_name = engines.chosen_engine(body.engine, engines.DEFAULT_ENGINE if auto_cdc else settings.default_engine)
+    engines.check_engine(engine_name, dry_run=built.dry_run, auto_cdc=auto_cdc)
     callback_url = callback_urls.check_submission(body.callback, caller.fingerprint, settings)
     # The callback lives in its own column: bodies without one keep the form (and Idempotency-Key hash) they had.
     stored = engines.stored_body(body.model_dump(mode="json", by_alias=True, exclude={"callback"}), engine_name)

@@ -1,0 +1,313 @@
+"""Running an AUTO CDC batch: the batch checked against its spec, the target and the tombstones table created on the
+first batch, then two merges through the engine's own MERGE: the target's (one commit, the job's ``txn``) and the
+tombstones table's (the same ``txn``, so a retried job finishes it exactly once)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import uuid
+from collections.abc import Callable
+
+import pyarrow as pa
+from deltalake import write_deltalake
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from engine import delta
+from engine.auto_cdc import plan
+from engine.auto_cdc.columns import Columns, resolve_columns
+from engine.auto_cdc.spec import DELETE_AT, END_AT, START_AT, AutoCdcSpec
+from engine.command import ProgressCallback, run_merge
+from engine.errors import (
+    AutoCdcIncompleteError,
+    MergeResolutionError,
+    MergeServiceEngineError,
+    MergeSpecError,
+    SourceError,
+    TableNotFoundError,
+)
+from engine.expression_rules import check_expression, spark_text
+from engine.expressions import parse_expression
+from engine.result import AppTransaction, MergeResult
+from engine.source import source_dataframe
+from engine.spec import FrameSource, MergeSpec
+
+UNORDERED_TYPES = (T.MapType, T.VariantType, T.BinaryType)
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def validate_auto_cdc(spec: AutoCdcSpec) -> AutoCdcSpec:
+    """The spec's rules and its expressions judged as a merge's are (``engine.expression_rules``), in the form Spark
+    is sent them."""
+    spec.validate()
+    sequence = tuple(
+        _checked(text, f"sequence_by[{i}]" if len(spec.sequence_by) > 1 else "sequence_by")
+        for i, text in enumerate(spec.sequence_by)
+    )
+    deletes = None if spec.apply_as_deletes is None else _checked(spec.apply_as_deletes, "apply_as_deletes")
+    return dataclasses.replace(spec, sequence_by=sequence, apply_as_deletes=deletes)
+
+
+def _checked(text: str, where: str) -> str:
+    node = parse_expression(text, where)
+    check_expression(node, where, deterministic=True)
+    return spark_text(node, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """What the batch's schema settles: the kept columns, the events' SQL and their Spark types."""
+
+    columns: Columns
+    sequence: str
+    delete: str | None
+    key_fields: tuple[T.StructField, ...]
+    value_fields: tuple[T.StructField, ...]
+    sequence_type: T.DataType
+
+    def events(self, view: str) -> str:
+        return plan.events_sql(self.columns, self.sequence, self.delete, view)
+
+
+def run_auto_cdc(
+    spark: SparkSession,
+    spec: AutoCdcSpec,
+    *,
+    txn: AppTransaction | None = None,
+    on_progress: ProgressCallback | None = None,
+    dry_run: bool = False,
+    validated: bool = False,
+) -> MergeResult:
+    """Apply one batch of change events to the target. The target's merge is the job's one commit to it; a failure
+    before it leaves both tables unchanged."""
+    if not validated:
+        spec = validate_auto_cdc(spec)
+    views: list[str] = []
+    try:
+        batch = _read_batch(spark, spec, views)
+        deletes = _check_events(spark, batch, views[-1])
+        _ensure_target(spec, batch, dry_run=dry_run)
+        if not dry_run:
+            _ensure_tombstones(spec, batch)
+    finally:
+        _drop_views(spark, views)
+    target = _target_merge(spec, batch)
+    result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
+    if dry_run or not (deletes or (spec.stored_as_scd_type == 1 and _has_tombstones(spec))):
+        return result  # no delete to record and no tombstone an upsert could drop: the table stays as it is
+    try:
+        run_merge(spark, _tombstones_merge(spec, batch), txn=txn)
+    except MergeServiceEngineError as exc:
+        raise AutoCdcIncompleteError(
+            f"the target took the batch (version {result.table_version}) but the tombstones table did not: {exc}"
+        ) from exc
+    return result
+
+
+# --- the batch ---------------------------------------------------------------------------------------------------
+
+
+def _read_batch(spark: SparkSession, spec: AutoCdcSpec, views: list[str]) -> Batch:
+    df = source_dataframe(spark, spec.source, views, spec.lake_roots)
+    columns = resolve_columns(spec, df.columns)
+    name = f"__cdc_check_{uuid.uuid4().hex[:12]}"
+    df.createOrReplaceTempView(name)
+    views.append(name)
+    types: list[T.DataType] = []
+    for i, text in enumerate(spec.sequence_by):
+        where = f"sequence_by[{i}]" if len(spec.sequence_by) > 1 else "sequence_by"
+        dtype = _expression_type(spark, name, text, where)
+        if isinstance(dtype, (UNORDERED_TYPES, T.NullType)):
+            raise MergeSpecError(
+                f"{where}: {text} is of type {dtype.simpleString()}, which has no order; sequence_by needs "
+                "values Spark can compare (numbers, strings, dates, timestamps, or structs of them).",
+                field=where,
+            )
+        types.append(dtype)
+    if spec.apply_as_deletes is not None:
+        dtype = _expression_type(spark, name, spec.apply_as_deletes, "apply_as_deletes")
+        if not isinstance(dtype, (T.BooleanType, T.NullType)):
+            raise MergeSpecError(
+                f"apply_as_deletes: the condition is of type {dtype.simpleString()}, not boolean.",
+                field="apply_as_deletes",
+            )
+    names = tuple(text if _PLAIN_NAME.fullmatch(text) else f"sequence_{i}" for i, text in enumerate(spec.sequence_by))
+    sequence = plan.sequence_sql(spec.sequence_by, names)
+    schema = spark.sql(plan.events_sql(columns, sequence, spec.apply_as_deletes, name)).schema
+    by_name = {f.name: f for f in schema.fields}
+    return Batch(
+        columns=columns,
+        sequence=sequence,
+        delete=spec.apply_as_deletes,
+        key_fields=tuple(by_name[k] for k in columns.keys),
+        value_fields=tuple(by_name[c] for c in columns.values),
+        sequence_type=by_name[plan.SEQ].dataType,
+    )
+
+
+def _expression_type(spark: SparkSession, view: str, text: str, where: str) -> T.DataType:
+    try:
+        return spark.sql(f"SELECT ({text}) AS v FROM {delta.quote_identifier(view)}").schema.fields[0].dataType
+    except PySparkException as exc:
+        raise MergeResolutionError(
+            f"{where}: {text} does not resolve against the source: {_first_line(exc)}", field=where
+        ) from None
+
+
+def _check_events(spark: SparkSession, batch: Batch, view: str) -> int:
+    """Spark's AutoCDC rules for a batch: no event without a sequence, none without its keys (both would be
+    applied in no defined order, or to no row). Answers how many events are deletes."""
+    counts = [f"count_if({plan.DEL})", f"count_if({plan.SEQ} IS NULL)"]
+    counts += [f"count_if({delta.quote_identifier(k)} IS NULL)" for k in batch.columns.keys]
+    row = spark.sql(f"SELECT {', '.join(counts)} FROM ({batch.events(view)})").collect()[0]
+    if row[1]:
+        raise SourceError(
+            f"sequence_by: {row[1]} event(s) of the batch have a null sequence; every event needs one.",
+            field="sequence_by",
+        )
+    for key, nulls in zip(batch.columns.keys, row[2:], strict=True):
+        if nulls:
+            raise SourceError(f"keys: {nulls} event(s) of the batch have a null key {key!r}.", field="keys")
+    return int(row[0])
+
+
+# --- the tables --------------------------------------------------------------------------------------------------
+
+
+def _target_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
+    fields = [*batch.key_fields, *batch.value_fields, T.StructField(START_AT, batch.sequence_type, False)]
+    if spec.stored_as_scd_type == 2:
+        fields.append(T.StructField(END_AT, batch.sequence_type, True))
+    return fields
+
+
+def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
+    """The first batch creates the target; a dry run creates nothing, so it needs the table to exist."""
+    wanted = _target_fields(spec, batch)
+    try:
+        snapshot = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
+    except TableNotFoundError:
+        if os.path.exists(os.path.join(spec.target, "_delta_log")):
+            raise
+        if dry_run:
+            raise TableNotFoundError(
+                f"target: no Delta table at {spec.target} yet; a dry run creates nothing (the first batch that is "
+                "not a dry run creates the table)."
+            ) from None
+        _create(spec.target, wanted)
+        return
+    have = {f.name.lower() for f in snapshot.spark_schema.fields}
+    missing = [f.name for f in wanted if f.name.lower() not in have]
+    if missing:
+        raise MergeResolutionError(
+            f"target: the table lacks the column(s) {', '.join(missing)} an SCD type {spec.stored_as_scd_type} "
+            "AUTO CDC target keeps; add them, or let the first batch create the table.",
+            field="target",
+        )
+
+
+def _tombstone_fields(batch: Batch) -> list[T.StructField]:
+    return [*batch.key_fields, T.StructField(DELETE_AT, batch.sequence_type, False)]
+
+
+def _ensure_tombstones(spec: AutoCdcSpec, batch: Batch) -> None:
+    if not os.path.isdir(os.path.join(spec.tombstones, "_delta_log")):
+        _create(spec.tombstones, _tombstone_fields(batch))
+
+
+def _has_tombstones(spec: AutoCdcSpec) -> bool:
+    """Whether the tombstones table may hold a row: its files' statistics say so without Spark."""
+    snapshot = delta.load_snapshot(spec.tombstones, lake_roots=spec.lake_roots)
+    known = delta.known_num_records(snapshot.files)
+    return known is None or known > 0
+
+
+def _create(path: str, fields: list[T.StructField]) -> None:
+    schema = to_arrow_schema(T.StructType(fields))
+    with contextlib.suppress(Exception):  # another writer created it first: the merge reads what is there
+        write_deltalake(path, pa.Table.from_batches([], schema=schema), mode="append")
+
+
+# --- the merges --------------------------------------------------------------------------------------------------
+
+
+def _frame(spec: AutoCdcSpec, batch: Batch, sql: Callable[[plan.Views], str]) -> FrameSource:
+    def build(spark: SparkSession, views: list[str]) -> DataFrame:
+        suffix = uuid.uuid4().hex[:12]
+        names = plan.Views(f"__cdc_batch_{suffix}", f"__cdc_target_{suffix}", f"__cdc_tombstones_{suffix}")
+        source_dataframe(spark, spec.source, views, spec.lake_roots).createOrReplaceTempView(names.batch)
+        views.append(names.batch)
+        _table_view(spark, spec.target, spec, names.target, _target_fields(spec, batch))
+        views.append(names.target)
+        _table_view(spark, spec.tombstones, spec, names.tombstones, _tombstone_fields(batch))
+        views.append(names.tombstones)
+        return spark.sql(sql(names))
+
+    return FrameSource(build=build, description="an AUTO CDC batch")
+
+
+def _table_view(spark: SparkSession, path: str, spec: AutoCdcSpec, view: str, fields: list[T.StructField]) -> None:
+    """A table's rows as a view; a table not created yet (a dry run's first batch) reads as empty."""
+    try:
+        snapshot = delta.load_snapshot(path, lake_roots=spec.lake_roots)
+        df = delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
+    except TableNotFoundError:
+        df = spark.createDataFrame([], schema=T.StructType(fields))
+    df.createOrReplaceTempView(view)
+
+
+def _target_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
+    columns = batch.columns
+    if spec.stored_as_scd_type == 1:
+        matched, not_matched = plan.scd1_target_clauses(columns)
+        on = plan.keys_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd1_source_sql(columns, batch.events(v.batch), v))
+    else:
+        matched, not_matched = plan.scd2_target_clauses(columns)
+        on = plan.scd2_target_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd2_source_sql(columns, batch.events(v.batch), v))
+    return MergeSpec(
+        target=spec.target,
+        source=source,
+        on=on,
+        matched=matched,
+        not_matched=not_matched,
+        lake_roots=spec.lake_roots,
+        deletion_vectors=spec.deletion_vectors,
+    )
+
+
+def _tombstones_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
+    columns = batch.columns
+    if spec.stored_as_scd_type == 1:
+        matched, not_matched = plan.scd1_tombstone_clauses(columns)
+        on = plan.keys_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd1_source_sql(columns, batch.events(v.batch), v))
+    else:
+        matched, not_matched = (), plan.scd2_tombstone_clauses(columns)
+        on = plan.scd2_tombstone_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd2_tombstones_sql(columns, batch.events(v.batch)))
+    return MergeSpec(
+        target=spec.tombstones,
+        source=source,
+        on=on,
+        matched=matched,
+        not_matched=not_matched,
+        lake_roots=spec.lake_roots,
+    )
+
+
+def _drop_views(spark: SparkSession, views: list[str]) -> None:
+    for view in views:
+        with contextlib.suppress(PySparkException):
+            spark.catalog.dropTempView(view)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
