@@ -105,15 +105,15 @@ class StorageWriteError(MergeServiceEngineError):
     retryable = True
 
 
-# --- the Delta table layer -----------------------------------------------------------------------------------
-
-
 class AutoCdcIncompleteError(MergeServiceEngineError):
-    """An AUTO CDC batch's target merge committed but its tombstones merge did not: the job is run again, which
-    finds the target's commit by its ``txn`` and finishes the tombstones."""
+    """An AUTO CDC batch's target merge committed but its state table's merge did not: the job is run again, which
+    finds the target's commit by its ``txn`` and finishes the state table."""
 
     title = "AUTO CDC batch half applied"
     retryable = True
+
+
+# --- the Delta table layer -----------------------------------------------------------------------------------
 
 
 class DeltaError(MergeServiceEngineError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.auto_cdc.spec import DELETE_AT, END_AT, RESERVED_PREFIX, START_AT, AutoCdcSpec
+from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, RESERVED_PREFIX, START_AT, AutoCdcSpec
 from engine.errors import MergeSpecError
 
 
@@ -28,14 +28,11 @@ class Columns:
 def resolve_columns(spec: AutoCdcSpec, batch_columns: Sequence[str]) -> Columns:
     by_lower = {c.lower(): c for c in batch_columns}
     for column in batch_columns:
-        if column.lower().startswith(RESERVED_PREFIX) or column.lower() in {
-            START_AT.lower(),
-            END_AT.lower(),
-            DELETE_AT.lower(),
-        }:
+        reserved = (START_AT, END_AT, DELETE_AT, EVENT_AT, IS_DELETE)
+        if column.lower().startswith(RESERVED_PREFIX) or column.lower() in {r.lower() for r in reserved}:
             raise MergeSpecError(
-                f"source: the column {column!r} has a name the AUTO CDC merge keeps for itself ({START_AT}, "
-                f"{END_AT}, {DELETE_AT} and names starting {RESERVED_PREFIX}); rename it or leave it out with "
+                f"source: the column {column!r} has a name the AUTO CDC merge keeps for itself "
+                f"({', '.join(reserved)} and names starting {RESERVED_PREFIX}); rename it or leave it out with "
                 "except_column_list.",
                 field="source",
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.auto_cdc.columns import Columns
-from engine.auto_cdc.spec import DELETE_AT, END_AT, START_AT
+from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, START_AT
 from engine.delta.names import quote_identifier as q
 from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
 
@@ -19,11 +19,11 @@ ALL_PRECEDING = "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
 
 @dataclass(frozen=True)
 class Views:
-    """The temporary views the compiled SQL reads: the batch, the target and the tombstones table."""
+    """The temporary views the compiled SQL reads: the batch, the target and the state table."""
 
     batch: str
     target: str
-    tombstones: str
+    state: str
 
 
 def events_sql(columns: Columns, sequence: str, delete: str | None, batch: str) -> str:
@@ -56,25 +56,35 @@ def _filled(columns: Columns, order: str) -> str:
     for c in columns.values:
         if c in columns.null_kept:
             window = f"PARTITION BY {_partition(columns, '__cdc_seg')} ORDER BY {order} {ALL_PRECEDING}"
-            parts.append(f"last({q(c)}, true) OVER ({window}) AS {q(c)}")
+            # A delete's own values say nothing of the row: they never lend a value.
+            parts.append(f"last(CASE WHEN NOT {DEL} THEN {q(c)} END, true) OVER ({window}) AS {q(c)}")
         else:
             parts.append(q(c))
     return ", ".join([*(q(k) for k in columns.keys), *parts])
 
 
 def scd1_source_sql(columns: Columns, events: str, views: Views) -> str:
-    """Per key, the batch's last event that is not older than the row the target holds or the key's tombstone;
-    ``__cdc_reset`` when a delete in the batch came before it (its nulls then keep nothing of the old row)."""
+    """Per key, the batch's newest event not older than the key's tombstone; ``__cdc_reset`` when a delete in the
+    batch came before it (its nulls then keep nothing of the old row). Whether it is newer than the row the target
+    holds is the merge's clauses' question, except where nulls keep values: then only events newer than that row
+    may lend theirs, so the target's ``__START_AT`` is joined here."""
     keys = ", ".join(q(k) for k in columns.keys)
     order = f"{SEQ}, {DEL} DESC"  # at one sequence a delete comes first: the upsert wins
+    current = ""
+    newer = ""
+    if columns.null_kept:
+        current = (
+            f"LEFT JOIN (SELECT {keys}, {q(START_AT)} AS __cdc_cur FROM {q(views.target)}) c "
+            f"ON {_keys(columns, 'e', 'c')}"
+        )
+        newer = f"AND (c.__cdc_cur IS NULL OR e.{SEQ} > c.__cdc_cur OR (NOT e.{DEL} AND e.{SEQ} = c.__cdc_cur))"
     return f"""
 WITH e AS ({events}),
 eff AS (
   SELECT e.* FROM e
-  LEFT JOIN (SELECT {keys}, {q(START_AT)} AS __cdc_cur FROM {q(views.target)}) c ON {_keys(columns, "e", "c")}
-  LEFT JOIN (SELECT {keys}, {q(DELETE_AT)} AS __cdc_tomb FROM {q(views.tombstones)}) d ON {_keys(columns, "e", "d")}
-  WHERE (d.__cdc_tomb IS NULL OR e.{SEQ} >= d.__cdc_tomb)
-    AND (c.__cdc_cur IS NULL OR e.{SEQ} > c.__cdc_cur OR (NOT e.{DEL} AND e.{SEQ} = c.__cdc_cur))
+  LEFT JOIN (SELECT {keys}, {q(DELETE_AT)} AS __cdc_tomb FROM {q(views.state)}) d ON {_keys(columns, "e", "d")}
+  {current}
+  WHERE (d.__cdc_tomb IS NULL OR e.{SEQ} >= d.__cdc_tomb) {newer}
 ),
 seg AS (
   SELECT *, sum(CAST({DEL} AS INT)) OVER (PARTITION BY {keys} ORDER BY {order} {ALL_PRECEDING}) AS __cdc_seg
@@ -89,8 +99,21 @@ SELECT * EXCEPT (__cdc_rank) FROM filled WHERE __cdc_rank = 1
 """
 
 
+def scd1_tombstones_sql(columns: Columns, events: str) -> str:
+    """Per key, the batch's newest event (an upsert wins a tie): a delete raises the key's tombstone, an upsert as
+    new as the tombstone drops it. A delete older than the target's row is recorded too: the tombstone then filters
+    only events the row already outdates."""
+    keys = ", ".join(q(k) for k in columns.keys)
+    return f"""
+SELECT {keys}, {SEQ}, {DEL} FROM (
+  SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {SEQ} DESC, {DEL} ASC) AS __cdc_rank FROM ({events})
+) WHERE __cdc_rank = 1
+"""
+
+
 def scd1_target_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
-    """Matched: a delete removes the row, an upsert overwrites it; not matched: an upsert inserts."""
+    """Matched and newer than the row: a delete removes it, an upsert overwrites it (an upsert wins a tie); not
+    matched: an upsert inserts."""
     updates = {}
     for c in columns.values:
         s, t = f"source.{q(c)}", f"target.{q(c)}"
@@ -100,9 +123,10 @@ def scd1_target_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tupl
     updates[q(START_AT)] = f"source.{SEQ}"
     inserts = {q(c): f"source.{q(c)}" for c in columns.kept}
     inserts[q(START_AT)] = f"source.{SEQ}"
+    start = f"target.{q(START_AT)}"
     matched = (
-        MergeClause("matched", DeleteAction(), condition=f"source.{DEL}"),
-        MergeClause("matched", UpdateAction(set=updates)),
+        MergeClause("matched", DeleteAction(), condition=f"source.{DEL} AND source.{SEQ} > {start}"),
+        MergeClause("matched", UpdateAction(set=updates), condition=f"NOT source.{DEL} AND source.{SEQ} >= {start}"),
     )
     not_matched = (MergeClause("notMatched", InsertAction(values=inserts), condition=f"NOT source.{DEL}"),)
     return matched, not_matched
@@ -116,7 +140,7 @@ def scd1_tombstone_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], t
             UpdateAction(set={q(DELETE_AT): f"source.{SEQ}"}),
             condition=f"source.{DEL} AND source.{SEQ} > target.{q(DELETE_AT)}",
         ),
-        MergeClause("matched", DeleteAction(), condition=f"NOT source.{DEL}"),
+        MergeClause("matched", DeleteAction(), condition=f"NOT source.{DEL} AND source.{SEQ} >= target.{q(DELETE_AT)}"),
     )
     values = {q(k): f"source.{q(k)}" for k in columns.keys}
     values[q(DELETE_AT)] = f"source.{SEQ}"
@@ -124,29 +148,29 @@ def scd1_tombstone_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], t
 
 
 def scd2_source_sql(columns: Columns, events: str, views: Views) -> str:
-    """The whole history of every key the batch names, recomputed from the versions the target holds, the key's
-    tombstones and the batch's events; each target version it no longer has is marked ``__cdc_drop``."""
+    """The whole history of every key the batch names, recomputed from every event the key has had (the events
+    table, the batch, and the versions the target holds, each read as the upsert that began it: a table not created
+    by the service has no events table); each target version it no longer has is marked ``__cdc_drop``."""
     keys = ", ".join(q(k) for k in columns.keys)
     values = ", ".join(q(c) for c in columns.values)
     vals = f", {values}" if values else ""
-    nulls = "".join(f", NULL AS {q(c)}" for c in columns.values)
     tracked = " AND ".join(f"lag({q(c)}) OVER w <=> {q(c)}" for c in columns.tracked) or "true"
     same_version = f"coalesce(lag({DEL}) OVER w, true) OR NOT ({tracked})"
     return f"""
 WITH e AS ({events}),
 ks AS (SELECT DISTINCT {keys} FROM e),
 ev AS (
-  SELECT {keys}{vals}, {SEQ}, {DEL}, 1 AS __cdc_new FROM e
+  SELECT {keys}{vals}, {SEQ}, {DEL}, 2 AS __cdc_from FROM e
+  UNION ALL
+  SELECT {keys}{vals}, {q(EVENT_AT)}, {q(IS_DELETE)}, 1 FROM {q(views.state)} j
+    LEFT SEMI JOIN ks ON {_keys(columns, "j", "ks")}
   UNION ALL
   SELECT {keys}{vals}, {q(START_AT)}, false, 0 FROM {q(views.target)} t
     LEFT SEMI JOIN ks ON {_keys(columns, "t", "ks")}
-  UNION ALL
-  SELECT {keys}{nulls}, {q(DELETE_AT)}, true, 0 FROM {q(views.tombstones)} d
-    LEFT SEMI JOIN ks ON {_keys(columns, "d", "ks")}
 ),
 one AS (
   SELECT * FROM (
-    SELECT *, row_number() OVER (PARTITION BY {keys}, {SEQ} ORDER BY {DEL} ASC, __cdc_new DESC) AS __cdc_dup FROM ev
+    SELECT *, row_number() OVER (PARTITION BY {keys}, {SEQ} ORDER BY {DEL} ASC, __cdc_from DESC) AS __cdc_dup FROM ev
   ) WHERE __cdc_dup = 1
 ),
 seg AS (
@@ -195,20 +219,32 @@ def scd2_target_on(columns: Columns) -> str:
     return f"{_keys(columns, 'target', 'source')} AND target.{q(START_AT)} = source.{q(START_AT)}"
 
 
-def scd2_tombstones_sql(columns: Columns, events: str) -> str:
-    """Every delete event of the batch: SCD 2 keeps them all, since a late upsert may fall before any of them."""
+def scd2_events_sql(columns: Columns, events: str) -> str:
+    """Every event of the batch, one per key and sequence (an upsert wins a tie): SCD 2 keeps them all, since a
+    late event may fall anywhere in a key's history and the versions alone do not say which events made them."""
     keys = ", ".join(q(k) for k in columns.keys)
-    return f"SELECT DISTINCT {keys}, {SEQ} FROM ({events}) WHERE {DEL}"
+    return f"""
+SELECT * EXCEPT (__cdc_rank) FROM (
+  SELECT *, row_number() OVER (PARTITION BY {keys}, {SEQ} ORDER BY {DEL} ASC) AS __cdc_rank FROM ({events})
+) WHERE __cdc_rank = 1
+"""
 
 
-def scd2_tombstone_on(columns: Columns) -> str:
-    return f"{_keys(columns, 'target', 'source')} AND target.{q(DELETE_AT)} = source.{SEQ}"
+def scd2_events_on(columns: Columns) -> str:
+    return f"{_keys(columns, 'target', 'source')} AND target.{q(EVENT_AT)} = source.{SEQ}"
 
 
-def scd2_tombstone_clauses(columns: Columns) -> tuple[MergeClause, ...]:
-    values = {q(k): f"source.{q(k)}" for k in columns.keys}
-    values[q(DELETE_AT)] = f"source.{SEQ}"
-    return (MergeClause("notMatched", InsertAction(values=values)),)
+def scd2_events_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
+    """New events are recorded; an upsert replaces a delete recorded at its sequence (the upsert wins the tie)."""
+    updates = {q(c): f"source.{q(c)}" for c in columns.values}
+    updates[q(IS_DELETE)] = "false"
+    values = {q(c): f"source.{q(c)}" for c in columns.kept}
+    values[q(EVENT_AT)] = f"source.{SEQ}"
+    values[q(IS_DELETE)] = f"source.{DEL}"
+    matched = (
+        MergeClause("matched", UpdateAction(set=updates), condition=f"target.{q(IS_DELETE)} AND NOT source.{DEL}"),
+    )
+    return matched, (MergeClause("notMatched", InsertAction(values=values)),)
 
 
 def keys_on(columns: Columns) -> str:

@@ -1,6 +1,6 @@
-"""Running an AUTO CDC batch: the batch checked against its spec, the target and the tombstones table created on the
+"""Running an AUTO CDC batch: the batch checked against its spec, the target and the state table created on the
 first batch, then two merges through the engine's own MERGE: the target's (one commit, the job's ``txn``) and the
-tombstones table's (the same ``txn``, so a retried job finishes it exactly once)."""
+state table's (the same ``txn``, so a retried job finishes it exactly once)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from engine import delta
 from engine.auto_cdc import plan
 from engine.auto_cdc.columns import Columns, resolve_columns
-from engine.auto_cdc.spec import DELETE_AT, END_AT, START_AT, AutoCdcSpec
+from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, START_AT, AutoCdcSpec
 from engine.command import ProgressCallback, run_merge
 from engine.errors import (
     AutoCdcIncompleteError,
@@ -93,18 +93,19 @@ def run_auto_cdc(
         deletes = _check_events(spark, batch, views[-1])
         _ensure_target(spec, batch, dry_run=dry_run)
         if not dry_run:
-            _ensure_tombstones(spec, batch)
+            _ensure_state(spec, batch)
     finally:
         _drop_views(spark, views)
     target = _target_merge(spec, batch)
     result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
-    if dry_run or not (deletes or (spec.stored_as_scd_type == 1 and _has_tombstones(spec))):
-        return result  # no delete to record and no tombstone an upsert could drop: the table stays as it is
+    if dry_run or (spec.stored_as_scd_type == 1 and not deletes and not _has_tombstones(spec)):
+        return result  # SCD 1 with no delete to record and no tombstone an upsert could drop
     try:
-        run_merge(spark, _tombstones_merge(spec, batch), txn=txn)
+        run_merge(spark, _state_merge(spec, batch), txn=txn)
     except MergeServiceEngineError as exc:
         raise AutoCdcIncompleteError(
-            f"the target took the batch (version {result.table_version}) but the tombstones table did not: {exc}"
+            f"the target took the batch (version {result.table_version}) but its state table "
+            f"{spec.state} did not: {exc}"
         ) from exc
     return result
 
@@ -211,18 +212,26 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
         )
 
 
-def _tombstone_fields(batch: Batch) -> list[T.StructField]:
-    return [*batch.key_fields, T.StructField(DELETE_AT, batch.sequence_type, False)]
+def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
+    """SCD 1's tombstones: the keys and their newest delete; SCD 2's events: every event, values included."""
+    if spec.stored_as_scd_type == 1:
+        return [*batch.key_fields, T.StructField(DELETE_AT, batch.sequence_type, False)]
+    return [
+        *batch.key_fields,
+        *batch.value_fields,
+        T.StructField(EVENT_AT, batch.sequence_type, False),
+        T.StructField(IS_DELETE, T.BooleanType(), False),
+    ]
 
 
-def _ensure_tombstones(spec: AutoCdcSpec, batch: Batch) -> None:
-    if not os.path.isdir(os.path.join(spec.tombstones, "_delta_log")):
-        _create(spec.tombstones, _tombstone_fields(batch))
+def _ensure_state(spec: AutoCdcSpec, batch: Batch) -> None:
+    if not os.path.isdir(os.path.join(spec.state, "_delta_log")):
+        _create(spec.state, _state_fields(spec, batch))
 
 
 def _has_tombstones(spec: AutoCdcSpec) -> bool:
     """Whether the tombstones table may hold a row: its files' statistics say so without Spark."""
-    snapshot = delta.load_snapshot(spec.tombstones, lake_roots=spec.lake_roots)
+    snapshot = delta.load_snapshot(spec.state, lake_roots=spec.lake_roots)
     known = delta.known_num_records(snapshot.files)
     return known is None or known > 0
 
@@ -239,13 +248,13 @@ def _create(path: str, fields: list[T.StructField]) -> None:
 def _frame(spec: AutoCdcSpec, batch: Batch, sql: Callable[[plan.Views], str]) -> FrameSource:
     def build(spark: SparkSession, views: list[str]) -> DataFrame:
         suffix = uuid.uuid4().hex[:12]
-        names = plan.Views(f"__cdc_batch_{suffix}", f"__cdc_target_{suffix}", f"__cdc_tombstones_{suffix}")
+        names = plan.Views(f"__cdc_batch_{suffix}", f"__cdc_target_{suffix}", f"__cdc_state_{suffix}")
         source_dataframe(spark, spec.source, views, spec.lake_roots).createOrReplaceTempView(names.batch)
         views.append(names.batch)
         _table_view(spark, spec.target, spec, names.target, _target_fields(spec, batch))
         views.append(names.target)
-        _table_view(spark, spec.tombstones, spec, names.tombstones, _tombstone_fields(batch))
-        views.append(names.tombstones)
+        _table_view(spark, spec.state, spec, names.state, _state_fields(spec, batch))
+        views.append(names.state)
         return spark.sql(sql(names))
 
     return FrameSource(build=build, description="an AUTO CDC batch")
@@ -282,18 +291,18 @@ def _target_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
     )
 
 
-def _tombstones_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
+def _state_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
     columns = batch.columns
     if spec.stored_as_scd_type == 1:
         matched, not_matched = plan.scd1_tombstone_clauses(columns)
         on = plan.keys_on(columns)
-        source = _frame(spec, batch, lambda v: plan.scd1_source_sql(columns, batch.events(v.batch), v))
+        source = _frame(spec, batch, lambda v: plan.scd1_tombstones_sql(columns, batch.events(v.batch)))
     else:
-        matched, not_matched = (), plan.scd2_tombstone_clauses(columns)
-        on = plan.scd2_tombstone_on(columns)
-        source = _frame(spec, batch, lambda v: plan.scd2_tombstones_sql(columns, batch.events(v.batch)))
+        matched, not_matched = plan.scd2_events_clauses(columns)
+        on = plan.scd2_events_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd2_events_sql(columns, batch.events(v.batch)))
     return MergeSpec(
-        target=spec.tombstones,
+        target=spec.state,
         source=source,
         on=on,
         matched=matched,

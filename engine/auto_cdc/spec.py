@@ -16,11 +16,16 @@ START_AT = "__START_AT"
 END_AT = "__END_AT"
 """The sequence at which an SCD 2 version stopped holding; null for a key's current version."""
 DELETE_AT = "__DELETE_AT"
-"""The sequence of a delete event, in the tombstones table."""
+"""The sequence of a key's newest delete, in SCD 1's tombstones table."""
+EVENT_AT = "__EVENT_AT"
+"""An event's sequence, in SCD 2's events table."""
+IS_DELETE = "__IS_DELETE"
+"""Whether an event of SCD 2's events table is a delete."""
 RESERVED_PREFIX = "__cdc_"
 """Columns the compiled merge adds to the batch while it runs; a source column may not start with it."""
-TOMBSTONES_DIR = "_auto_cdc_tombstones"
-"""The tombstones table's directory inside the target's: Delta readers and VACUUM leave ``_`` directories alone."""
+STATE_DIRS = {1: "_auto_cdc_tombstones", 2: "_auto_cdc_events"}
+"""The state table's directory inside the target's, by SCD type: Delta readers and VACUUM leave ``_`` directories
+alone."""
 
 ScdType = Literal[1, 2]
 
@@ -46,8 +51,9 @@ class AutoCdcSpec:
     lake_roots: tuple[str, ...] = ()
 
     @property
-    def tombstones(self) -> str:
-        return self.target.rstrip("/") + "/" + TOMBSTONES_DIR
+    def state(self) -> str:
+        """The state table beside the target: SCD 1's tombstones, or SCD 2's events."""
+        return self.target.rstrip("/") + "/" + STATE_DIRS[self.stored_as_scd_type]
 
     def validate(self) -> AutoCdcSpec:
         """The rules that need no table: each a ``MergeSpecError`` naming its field."""

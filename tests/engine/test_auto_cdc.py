@@ -23,7 +23,7 @@ from engine import AutoCdcSpec, RowsSource, run_auto_cdc
 from engine.errors import MergeServiceEngineError, MergeSpecError, SourceError
 from tests.engine.auto_cdc_model import Event, Model
 
-EXAMPLES = int(os.environ.get("AUTO_CDC_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("AUTO_CDC_EXAMPLES", "2"))
 SCHEMA = "id BIGINT, seq BIGINT, op STRING, a STRING, b BIGINT"
 VALUES = ("a", "b")
 
@@ -65,12 +65,14 @@ def output_columns(scd_type: int) -> list[str]:
 
 @st.composite
 def feeds(draw: st.DrawFn, *, shuffle: bool) -> tuple[list[Event], list[list[Event]]]:
-    """A feed over a few keys (unique sequences, a delete now and then), split into batches in sequence order;
-    with ``shuffle``, some events move to a later or earlier batch (out of order within a window of one batch)."""
-    count = draw(st.integers(1, 24))
+    """A feed over up to 30 keys, each key's events its own change feed (unique sequences, a delete now and then),
+    split into batches in sequence order; with ``shuffle``, some events move to a later or earlier batch (out of
+    order within a window of one batch). Keys are independent, so one feed checks many keys' histories per batch."""
+    count = draw(st.integers(1, 120))
+    keys = draw(st.integers(1, 30))
     events = [
         Event(
-            key=draw(st.integers(0, 4)),
+            key=draw(st.integers(0, keys - 1)),
             seq=seq,
             delete=draw(st.booleans().map(lambda b: b and draw(st.integers(0, 3)) == 0)),
             values=(draw(st.sampled_from(["x", "y", None])), draw(st.sampled_from([1, 2, None]))),
@@ -78,7 +80,7 @@ def feeds(draw: st.DrawFn, *, shuffle: bool) -> tuple[list[Event], list[list[Eve
         for seq in draw(st.permutations(range(1, count + 1)))
     ]
     events.sort(key=lambda e: e.seq)
-    cuts = sorted(draw(st.sets(st.integers(1, max(1, count - 1)), max_size=3)))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, count - 1)), max_size=4)))
     bounds = [0, *[c for c in cuts if c < count], count]
     batches = [events[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     if shuffle and len(batches) > 1:
@@ -96,61 +98,73 @@ def feeds(draw: st.DrawFn, *, shuffle: bool) -> tuple[list[Event], list[list[Eve
     return events, batches
 
 
-def _dv_table(path: Path, scd_type: int) -> None:
-    """A target created with deletion vectors on, so updates and deletes are written as deletion vectors."""
+def _create_target(path: Path, scd_type: int, layout: str) -> None:
+    """A target created beforehand: with deletion vectors on (updates and deletes are written as deletion vectors),
+    or partitioned by a value column (an update may move a row across partitions)."""
+    if layout == "plain":
+        return  # the first batch creates it
     fields = [("id", pa.int64()), ("a", pa.string()), ("b", pa.int64()), ("__START_AT", pa.int64())]
     if scd_type == 2:
         fields.append(("__END_AT", pa.int64()))
     schema = pa.schema([pa.field(n, t, nullable=n != "__START_AT") for n, t in fields])
-    write_deltalake(
-        str(path),
-        pa.Table.from_batches([], schema=schema),
-        configuration={"delta.enableDeletionVectors": "true"},
-    )
+    if layout == "deletion-vectors":
+        write_deltalake(
+            str(path), pa.Table.from_batches([], schema=schema), configuration={"delta.enableDeletionVectors": "true"}
+        )
+    else:
+        write_deltalake(str(path), pa.Table.from_batches([], schema=schema), partition_by=["a"])
 
 
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("scd_type", [1, 2])
-@pytest.mark.parametrize("dv", [False, True], ids=["copy-on-write", "deletion-vectors"])
+@pytest.mark.parametrize("layout", ["plain", "deletion-vectors", "partitioned"])
 @PROPERTY
 @given(feed=feeds(shuffle=True))
 def test_any_split_and_shuffle_ends_as_the_feed_in_order(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, scd_type: int, dv: bool, feed: Any
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, scd_type: int, layout: str, feed: Any
 ) -> None:
     events, batches = feed
     target = tmp_path_factory.mktemp("cdc") / "t"
-    if dv:
-        _dv_table(target, scd_type)
+    _create_target(target, scd_type, layout)
     apply_batches(spark, target, batches, stored_as_scd_type=scd_type)
     expected = Model(VALUES, scd_type=scd_type).apply(events).table()
     assert table_rows(target, output_columns(scd_type)) == expected
 
 
-@pytest.mark.parametrize("scd_type", [1, 2])
 @PROPERTY
 @given(feed=feeds(shuffle=False))
-def test_null_updates_kept_in_order(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, scd_type: int, feed: Any
-) -> None:
-    """ignore_null_updates on one column: a null there keeps the value, in any split of an in-order feed."""
-    events, batches = feed
-    target = tmp_path_factory.mktemp("cdc") / "t"
-    apply_batches(spark, target, batches, stored_as_scd_type=scd_type, ignore_null_updates_column_list=("a",))
-    expected = Model(VALUES, scd_type=scd_type, null_kept=frozenset({"a"})).apply(events).table()
-    assert table_rows(target, output_columns(scd_type)) == expected
-
-
-@PROPERTY
-@given(feed=feeds(shuffle=False))
-def test_scd2_tracks_history_on_listed_columns_only(
+def test_scd1_null_updates_kept_in_order(
     spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, feed: Any
 ) -> None:
+    """ignore_null_updates on one column: a null there keeps the value, in any split of an in-order feed (SCD 1
+    keeps no events, so a late event cannot lend its values to the newer ones: docs/auto-cdc.md)."""
     events, batches = feed
     target = tmp_path_factory.mktemp("cdc") / "t"
-    apply_batches(spark, target, batches, stored_as_scd_type=2, track_history_column_list=("a",))
-    expected = Model(VALUES, scd_type=2, tracked=("a",)).apply(events).table()
+    apply_batches(spark, target, batches, ignore_null_updates_column_list=("a",))
+    expected = Model(VALUES, null_kept=frozenset({"a"})).apply(events).table()
+    assert table_rows(target, output_columns(1)) == expected
+
+
+@PROPERTY
+@given(feed=feeds(shuffle=True))
+def test_scd2_null_updates_and_tracked_columns_with_late_events(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, feed: Any
+) -> None:
+    """SCD 2 with nulls keeping values and history tracked on one column, events shuffled across batches: the
+    history is recomputed from every event, so it ends as the feed in order; versions never overlap."""
+    events, batches = feed
+    target = tmp_path_factory.mktemp("cdc") / "t"
+    apply_batches(
+        spark,
+        target,
+        batches,
+        stored_as_scd_type=2,
+        ignore_null_updates_column_list=("b",),
+        track_history_column_list=("a",),
+    )
+    expected = Model(VALUES, scd_type=2, null_kept=frozenset({"b"}), tracked=("a",)).apply(events).table()
     actual = table_rows(target, output_columns(2))
     assert actual == expected
     for key in {row[0] for row in actual}:
