@@ -16,6 +16,12 @@ from engine.spark import configure_session
 from engine.spark_server import SparkProcess
 from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_delta_connect_server
 
+# Delta's own test suites' settings for small tables: a snapshot's state in 2 partitions rather than 50, so each
+# log replay is 2 tasks, not 50. They change how Delta reads its log, never what a merge writes.
+DELTA_TEST_CONF = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
+
 
 @pytest.fixture(scope="session")
 def delta_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkProcess]:
@@ -26,7 +32,7 @@ def delta_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spa
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"Delta on Spark is required in CI: {exc}")
         pytest.skip(f"Delta on Spark needs Maven Central once to fetch Delta's jars, and it is unreachable: {exc}")
-    server = start_delta_connect_server(home, log_dir=tmp_path_factory.mktemp("delta-spark-logs"))
+    server = start_delta_connect_server(home, log_dir=tmp_path_factory.mktemp("delta-spark-logs"), conf=DELTA_TEST_CONF)
     yield server
     server.stop()
 
