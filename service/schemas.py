@@ -174,7 +174,7 @@ class AutoCdcIn(_Strict):
     )
     apply_as_deletes: NonEmpty | None = Field(default=None, description="A condition true for delete events.")
     apply_as_truncates: NonEmpty | None = Field(
-        default=None, description="A condition true for truncate events (SCD type 1); not supported yet: 422."
+        default=None, description="A condition true for truncate events (SCD type 1 only)."
     )
     column_list: ColumnList | None = None
     except_column_list: ColumnList | None = None

@@ -12,6 +12,8 @@ from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
 
 SEQ = "__cdc_seq"
 DEL = "__cdc_del"
+TRUNC = "__cdc_trunc"
+TRUNCATED = "__cdc_truncated"
 RESET = "__cdc_reset"
 DROP = "__cdc_drop"
 ALL_PRECEDING = "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW"
@@ -26,12 +28,31 @@ class Views:
     state: str
 
 
-def events_sql(columns: Columns, sequence: str, delete: str | None, batch: str) -> str:
-    """One row per event: the kept columns, its sequence and whether it deletes its key (a null condition is an
-    upsert, as in Spark's AutoCDC)."""
+def events_sql(columns: Columns, sequence: str, delete: str | None, truncate: str | None, batch: str) -> str:
+    """One row per event: the kept columns, its sequence, whether it deletes its key and whether it truncates the
+    table (a null condition is false: an upsert, as in Spark's AutoCDC)."""
     kept = ", ".join(q(c) for c in columns.kept)
     deletes = f"coalesce(({delete}), false)" if delete else "false"
-    return f"SELECT {kept}, ({sequence}) AS {SEQ}, {deletes} AS {DEL} FROM {q(batch)}"
+    truncates = f"coalesce(({truncate}), false)" if truncate else "false"
+    return f"SELECT {kept}, ({sequence}) AS {SEQ}, {deletes} AS {DEL}, {truncates} AS {TRUNC} FROM {q(batch)}"
+
+
+def _marks(columns: Columns, views: Views) -> str:
+    """The newest truncate: the table's mark in the tombstones table (the row whose keys are all null) or the
+    batch's own."""
+    no_key = " AND ".join(f"{q(k)} IS NULL" for k in columns.keys)
+    return f"""marks AS (
+  SELECT max(__cdc_mark) AS {TRUNCATED} FROM (
+    SELECT {q(DELETE_AT)} AS __cdc_mark FROM {q(views.state)} WHERE {no_key}
+    UNION ALL
+    SELECT {SEQ} FROM e WHERE {TRUNC}
+  )
+)"""
+
+
+def _after_truncate(alias: str) -> str:
+    """An event that is not a truncate and not older than the newest one (an upsert at its sequence wins)."""
+    return f"NOT {alias}.{TRUNC} AND (marks.{TRUNCATED} IS NULL OR {alias}.{SEQ} >= marks.{TRUNCATED})"
 
 
 def sequence_sql(expressions: tuple[str, ...], names: tuple[str, ...]) -> str:
@@ -80,11 +101,12 @@ def scd1_source_sql(columns: Columns, events: str, views: Views) -> str:
         newer = f"AND (c.__cdc_cur IS NULL OR e.{SEQ} > c.__cdc_cur OR (NOT e.{DEL} AND e.{SEQ} = c.__cdc_cur))"
     return f"""
 WITH e AS ({events}),
+{_marks(columns, views)},
 eff AS (
-  SELECT e.* FROM e
+  SELECT e.* FROM e CROSS JOIN marks
   LEFT JOIN (SELECT {keys}, {q(DELETE_AT)} AS __cdc_tomb FROM {q(views.state)}) d ON {_keys(columns, "e", "d")}
   {current}
-  WHERE (d.__cdc_tomb IS NULL OR e.{SEQ} >= d.__cdc_tomb) {newer}
+  WHERE {_after_truncate("e")} AND (d.__cdc_tomb IS NULL OR e.{SEQ} >= d.__cdc_tomb) {newer}
 ),
 seg AS (
   SELECT *, sum(CAST({DEL} AS INT)) OVER (PARTITION BY {keys} ORDER BY {order} {ALL_PRECEDING}) AS __cdc_seg
@@ -99,41 +121,60 @@ SELECT * EXCEPT (__cdc_rank) FROM filled WHERE __cdc_rank = 1
 """
 
 
-def scd1_tombstones_sql(columns: Columns, events: str) -> str:
-    """Per key, the batch's newest event (an upsert wins a tie): a delete raises the key's tombstone, an upsert as
-    new as the tombstone drops it. A delete older than the target's row is recorded too: the tombstone then filters
-    only events the row already outdates."""
+def scd1_tombstones_sql(columns: Columns, events: str, views: Views) -> str:
+    """Per key, the batch's newest event since the newest truncate (an upsert wins a tie): a delete raises the key's
+    tombstone, an upsert as new as the tombstone drops it; and the batch's newest truncate as the row whose keys are
+    all null. A delete older than the target's row is recorded too: the tombstone then filters only events the row
+    already outdates."""
     keys = ", ".join(q(k) for k in columns.keys)
+    nulls = ", ".join(f"NULL AS {q(k)}" for k in columns.keys)
     return f"""
+WITH e AS ({events}),
+{_marks(columns, views)}
 SELECT {keys}, {SEQ}, {DEL} FROM (
-  SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY {SEQ} DESC, {DEL} ASC) AS __cdc_rank FROM ({events})
+  SELECT e.*, row_number() OVER (PARTITION BY {keys} ORDER BY {SEQ} DESC, {DEL} ASC) AS __cdc_rank
+  FROM e CROSS JOIN marks WHERE {_after_truncate("e")}
 ) WHERE __cdc_rank = 1
+UNION ALL
+SELECT {nulls}, max({SEQ}), true FROM e WHERE {TRUNC} HAVING count(*) > 0
 """
 
 
-def scd1_target_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
+Clauses = tuple[tuple[MergeClause, ...], tuple[MergeClause, ...], tuple[MergeClause, ...]]
+
+
+def scd1_target_clauses(columns: Columns, truncated: str | None) -> Clauses:
     """Matched and newer than the row: a delete removes it, an upsert overwrites it (an upsert wins a tie); not
-    matched: an upsert inserts."""
+    matched: an upsert inserts. With a truncate in the batch (``truncated``, its sequence as a literal), every row
+    older than it goes, and no value of such a row is kept for a null."""
+    start = f"target.{q(START_AT)}"
+    reset = f"source.{RESET}" if truncated is None else f"(source.{RESET} OR {start} < {truncated})"
     updates = {}
     for c in columns.values:
         s, t = f"source.{q(c)}", f"target.{q(c)}"
-        updates[q(c)] = (
-            f"CASE WHEN source.{RESET} THEN {s} ELSE coalesce({s}, {t}) END" if c in columns.null_kept else s
-        )
+        updates[q(c)] = f"CASE WHEN {reset} THEN {s} ELSE coalesce({s}, {t}) END" if c in columns.null_kept else s
     updates[q(START_AT)] = f"source.{SEQ}"
     inserts = {q(c): f"source.{q(c)}" for c in columns.kept}
     inserts[q(START_AT)] = f"source.{SEQ}"
-    start = f"target.{q(START_AT)}"
     matched = (
         MergeClause("matched", DeleteAction(), condition=f"source.{DEL} AND source.{SEQ} > {start}"),
         MergeClause("matched", UpdateAction(set=updates), condition=f"NOT source.{DEL} AND source.{SEQ} >= {start}"),
     )
     not_matched = (MergeClause("notMatched", InsertAction(values=inserts), condition=f"NOT source.{DEL}"),)
-    return matched, not_matched
+    by_source = (
+        () if truncated is None else (MergeClause("notMatchedBySource", DeleteAction(), f"{start} < {truncated}"),)
+    )
+    return matched, not_matched, by_source
 
 
-def scd1_tombstone_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
-    """A key's tombstone holds its newest delete; an upsert as new as it revives the key and drops it."""
+def scd1_tombstones_on(columns: Columns) -> str:
+    """Keys compared null-safe: the truncate mark is the row whose keys are all null."""
+    return " AND ".join(f"target.{q(k)} <=> source.{q(k)}" for k in columns.keys)
+
+
+def scd1_tombstone_clauses(columns: Columns, truncated: str | None) -> Clauses:
+    """A key's tombstone holds its newest delete; an upsert as new as it revives the key and drops it. A truncate
+    raises the mark and drops the tombstones older than it (the mark covers them)."""
     matched = (
         MergeClause(
             "matched",
@@ -144,7 +185,13 @@ def scd1_tombstone_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], t
     )
     values = {q(k): f"source.{q(k)}" for k in columns.keys}
     values[q(DELETE_AT)] = f"source.{SEQ}"
-    return matched, (MergeClause("notMatched", InsertAction(values=values), condition=f"source.{DEL}"),)
+    by_source: tuple[MergeClause, ...] = ()
+    if truncated is not None:
+        keyed = " AND ".join(f"target.{q(k)} IS NOT NULL" for k in columns.keys)
+        by_source = (
+            MergeClause("notMatchedBySource", DeleteAction(), f"{keyed} AND target.{q(DELETE_AT)} < {truncated}"),
+        )
+    return matched, (MergeClause("notMatched", InsertAction(values=values), condition=f"source.{DEL}"),), by_source
 
 
 def scd2_source_sql(columns: Columns, events: str, views: Views) -> str:

@@ -35,7 +35,7 @@ from engine.expression_rules import check_expression, spark_text
 from engine.expressions import parse_expression
 from engine.result import AppTransaction, MergeResult
 from engine.source import source_dataframe
-from engine.spec import FrameSource, MergeSpec
+from engine.spec import FrameSource, MergeClause, MergeSpec
 
 UNORDERED_TYPES = (T.MapType, T.VariantType, T.BinaryType)
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -50,7 +50,8 @@ def validate_auto_cdc(spec: AutoCdcSpec) -> AutoCdcSpec:
         for i, text in enumerate(spec.sequence_by)
     )
     deletes = None if spec.apply_as_deletes is None else _checked(spec.apply_as_deletes, "apply_as_deletes")
-    return dataclasses.replace(spec, sequence_by=sequence, apply_as_deletes=deletes)
+    truncates = None if spec.apply_as_truncates is None else _checked(spec.apply_as_truncates, "apply_as_truncates")
+    return dataclasses.replace(spec, sequence_by=sequence, apply_as_deletes=deletes, apply_as_truncates=truncates)
 
 
 def _checked(text: str, where: str) -> str:
@@ -66,12 +67,13 @@ class Batch:
     columns: Columns
     sequence: str
     delete: str | None
+    truncate: str | None
     key_fields: tuple[T.StructField, ...]
     value_fields: tuple[T.StructField, ...]
     sequence_type: T.DataType
 
     def events(self, view: str) -> str:
-        return plan.events_sql(self.columns, self.sequence, self.delete, view)
+        return plan.events_sql(self.columns, self.sequence, self.delete, self.truncate, view)
 
 
 def run_auto_cdc(
@@ -90,18 +92,18 @@ def run_auto_cdc(
     views: list[str] = []
     try:
         batch = _read_batch(spark, spec, views)
-        deletes = _check_events(spark, batch, views[-1])
+        deletes, truncated = _check_events(spark, batch, views[-1])
         _ensure_target(spec, batch, dry_run=dry_run)
         if not dry_run:
             _ensure_state(spec, batch)
     finally:
         _drop_views(spark, views)
-    target = _target_merge(spec, batch)
+    target = _target_merge(spec, batch, truncated)
     result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
-    if dry_run or (spec.stored_as_scd_type == 1 and not deletes and not _has_tombstones(spec)):
-        return result  # SCD 1 with no delete to record and no tombstone an upsert could drop
+    if dry_run or (spec.stored_as_scd_type == 1 and not deletes and truncated is None and not _has_tombstones(spec)):
+        return result  # SCD 1 with no delete or truncate to record and no tombstone an upsert could drop
     try:
-        run_merge(spark, _state_merge(spec, batch), txn=txn)
+        run_merge(spark, _state_merge(spec, batch, truncated), txn=txn)
     except MergeServiceEngineError as exc:
         raise AutoCdcIncompleteError(
             f"the target took the batch (version {result.table_version}) but its state table "
@@ -130,21 +132,22 @@ def _read_batch(spark: SparkSession, spec: AutoCdcSpec, views: list[str]) -> Bat
                 field=where,
             )
         types.append(dtype)
-    if spec.apply_as_deletes is not None:
-        dtype = _expression_type(spark, name, spec.apply_as_deletes, "apply_as_deletes")
+    for field in ("apply_as_deletes", "apply_as_truncates"):
+        condition = getattr(spec, field)
+        if condition is None:
+            continue
+        dtype = _expression_type(spark, name, condition, field)
         if not isinstance(dtype, (T.BooleanType, T.NullType)):
-            raise MergeSpecError(
-                f"apply_as_deletes: the condition is of type {dtype.simpleString()}, not boolean.",
-                field="apply_as_deletes",
-            )
+            raise MergeSpecError(f"{field}: the condition is of type {dtype.simpleString()}, not boolean.", field=field)
     names = tuple(text if _PLAIN_NAME.fullmatch(text) else f"sequence_{i}" for i, text in enumerate(spec.sequence_by))
     sequence = plan.sequence_sql(spec.sequence_by, names)
-    schema = spark.sql(plan.events_sql(columns, sequence, spec.apply_as_deletes, name)).schema
+    schema = spark.sql(plan.events_sql(columns, sequence, spec.apply_as_deletes, spec.apply_as_truncates, name)).schema
     by_name = {f.name: f for f in schema.fields}
     return Batch(
         columns=columns,
         sequence=sequence,
         delete=spec.apply_as_deletes,
+        truncate=spec.apply_as_truncates,
         key_fields=tuple(by_name[k] for k in columns.keys),
         value_fields=tuple(by_name[c] for c in columns.values),
         sequence_type=by_name[plan.SEQ].dataType,
@@ -160,21 +163,47 @@ def _expression_type(spark: SparkSession, view: str, text: str, where: str) -> T
         ) from None
 
 
-def _check_events(spark: SparkSession, batch: Batch, view: str) -> int:
-    """Spark's AutoCDC rules for a batch: no event without a sequence, none without its keys (both would be
-    applied in no defined order, or to no row). Answers how many events are deletes."""
-    counts = [f"count_if({plan.DEL})", f"count_if({plan.SEQ} IS NULL)"]
-    counts += [f"count_if({delta.quote_identifier(k)} IS NULL)" for k in batch.columns.keys]
-    row = spark.sql(f"SELECT {', '.join(counts)} FROM ({batch.events(view)})").collect()[0]
+def _check_events(spark: SparkSession, batch: Batch, view: str) -> tuple[int, str | None]:
+    """Spark's AutoCDC rules for a batch: no event without a sequence, none but a truncate without its keys (both
+    would be applied in no defined order, or to no row). Answers how many events are deletes, and the newest
+    truncate's sequence as a SQL literal (None without one)."""
+    counts = [f"count_if(NOT {plan.TRUNC} AND {plan.DEL})", f"count_if({plan.SEQ} IS NULL)"]
+    counts += [f"count_if({delta.quote_identifier(k)} IS NULL AND NOT {plan.TRUNC})" for k in batch.columns.keys]
+    newest = f"max(CASE WHEN {plan.TRUNC} THEN {plan.SEQ} END)"
+    texts = _literal_parts(batch.sequence_type, newest)
+    query = f"SELECT {', '.join(counts)}, {newest} IS NULL, {', '.join(texts)} FROM ({batch.events(view)})"
+    row = spark.sql(query).collect()[0]
     if row[1]:
         raise SourceError(
             f"sequence_by: {row[1]} event(s) of the batch have a null sequence; every event needs one.",
             field="sequence_by",
         )
-    for key, nulls in zip(batch.columns.keys, row[2:], strict=True):
+    keys = len(batch.columns.keys)
+    for key, nulls in zip(batch.columns.keys, row[2 : 2 + keys], strict=True):
         if nulls:
             raise SourceError(f"keys: {nulls} event(s) of the batch have a null key {key!r}.", field="keys")
-    return int(row[0])
+    no_truncate = row[2 + keys]
+    truncated = None if no_truncate else _literal(batch.sequence_type, list(row[3 + keys :]))
+    return int(row[0]), truncated
+
+
+def _literal_parts(dtype: T.DataType, value: str) -> list[str]:
+    """``value`` as strings Spark reads back exactly: the value itself, or each field of a struct."""
+    if isinstance(dtype, T.StructType):
+        return [f"CAST(({value}).{delta.quote_identifier(f.name)} AS STRING)" for f in dtype.fields]
+    return [f"CAST({value} AS STRING)"]
+
+
+def _literal(dtype: T.DataType, parts: list[str | None]) -> str:
+    """A sequence as a SQL literal for the merge's conditions, built from ``_literal_parts``."""
+    if isinstance(dtype, T.StructType):
+        fields = ", ".join(f"'{f.name}', {_literal(f.dataType, [p])}" for f, p in zip(dtype.fields, parts, strict=True))
+        return f"named_struct({fields})"
+    text = parts[0]
+    if text is None:
+        return f"CAST(NULL AS {dtype.simpleString()})"
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"CAST('{escaped}' AS {dtype.simpleString()})"
 
 
 # --- the tables --------------------------------------------------------------------------------------------------
@@ -215,7 +244,9 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
 def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
     """SCD 1's tombstones: the keys and their newest delete; SCD 2's events: every event, values included."""
     if spec.stored_as_scd_type == 1:
-        return [*batch.key_fields, T.StructField(DELETE_AT, batch.sequence_type, False)]
+        # Keys may be null: the row whose keys are all null holds the newest truncate.
+        keys = [T.StructField(f.name, f.dataType, True) for f in batch.key_fields]
+        return [*keys, T.StructField(DELETE_AT, batch.sequence_type, False)]
     return [
         *batch.key_fields,
         *batch.value_fields,
@@ -270,10 +301,11 @@ def _table_view(spark: SparkSession, path: str, spec: AutoCdcSpec, view: str, fi
     df.createOrReplaceTempView(view)
 
 
-def _target_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
+def _target_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
     columns = batch.columns
+    by_source: tuple[MergeClause, ...] = ()
     if spec.stored_as_scd_type == 1:
-        matched, not_matched = plan.scd1_target_clauses(columns)
+        matched, not_matched, by_source = plan.scd1_target_clauses(columns, truncated)
         on = plan.keys_on(columns)
         source = _frame(spec, batch, lambda v: plan.scd1_source_sql(columns, batch.events(v.batch), v))
     else:
@@ -286,17 +318,19 @@ def _target_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
         on=on,
         matched=matched,
         not_matched=not_matched,
+        not_matched_by_source=by_source,
         lake_roots=spec.lake_roots,
         deletion_vectors=spec.deletion_vectors,
     )
 
 
-def _state_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
+def _state_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
     columns = batch.columns
+    by_source: tuple[MergeClause, ...] = ()
     if spec.stored_as_scd_type == 1:
-        matched, not_matched = plan.scd1_tombstone_clauses(columns)
-        on = plan.keys_on(columns)
-        source = _frame(spec, batch, lambda v: plan.scd1_tombstones_sql(columns, batch.events(v.batch)))
+        matched, not_matched, by_source = plan.scd1_tombstone_clauses(columns, truncated)
+        on = plan.scd1_tombstones_on(columns)
+        source = _frame(spec, batch, lambda v: plan.scd1_tombstones_sql(columns, batch.events(v.batch), v))
     else:
         matched, not_matched = plan.scd2_events_clauses(columns)
         on = plan.scd2_events_on(columns)
@@ -307,6 +341,7 @@ def _state_merge(spec: AutoCdcSpec, batch: Batch) -> MergeSpec:
         on=on,
         matched=matched,
         not_matched=not_matched,
+        not_matched_by_source=by_source,
         lake_roots=spec.lake_roots,
     )
 

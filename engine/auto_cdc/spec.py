@@ -68,15 +68,9 @@ class AutoCdcSpec:
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise MergeSpecError(f"{name}: the condition is empty.", field=name)
-        if self.apply_as_truncates is not None:
-            if self.stored_as_scd_type == 2:
-                raise MergeSpecError(
-                    "apply_as_truncates: truncates apply to SCD type 1 only (SCD type 2 keeps history).",
-                    field="apply_as_truncates",
-                )
+        if self.apply_as_truncates is not None and self.stored_as_scd_type == 2:
             raise MergeSpecError(
-                "apply_as_truncates: truncate events are not supported by this service yet; send the truncate as a "
-                "merge with WHEN NOT MATCHED BY SOURCE THEN DELETE.",
+                "apply_as_truncates: truncates apply to SCD type 1 only (SCD type 2 keeps history).",
                 field="apply_as_truncates",
             )
         if self.stored_as_scd_type not in (1, 2):

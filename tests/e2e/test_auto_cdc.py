@@ -96,7 +96,7 @@ def test_scd2_history_through_the_api(service: dict[str, Any]) -> None:
         ({"column_list": ["id"], "except_column_list": ["op"]}, "auto_cdc.except_column_list"),
         ({"stored_as_scd_type": 3}, "auto_cdc.stored_as_scd_type"),
         ({"track_history_column_list": ["city"]}, "auto_cdc.track_history_column_list"),
-        ({"apply_as_truncates": "op = 'TRUNCATE'"}, "auto_cdc.apply_as_truncates"),
+        ({"apply_as_truncates": "op = 'TRUNCATE'", "stored_as_scd_type": 2}, "auto_cdc.apply_as_truncates"),
     ],
 )
 def test_bad_specs_are_422_naming_the_field(service: dict[str, Any], auto_cdc: dict[str, Any], field: str) -> None:

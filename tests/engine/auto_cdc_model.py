@@ -10,10 +10,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Event:
-    key: int
+    key: int | None
     seq: int
     delete: bool
     values: tuple[Any, ...]
+    truncate: bool = False
+    """A truncate (SCD 1): every row goes; its key is null."""
 
 
 @dataclass
@@ -31,9 +33,11 @@ class Model:
     """SCD 2: every version of each key, oldest first (values, ``__START_AT``, ``__END_AT``)."""
 
     def apply(self, events: Iterable[Event]) -> Model:
-        # At one sequence a delete comes before an upsert: the upsert wins, as in Spark's AutoCDC.
-        for event in sorted(events, key=lambda e: (e.seq, not e.delete)):
-            if self.scd_type == 1:
+        # At one sequence a delete or truncate comes before an upsert: the upsert wins, as in Spark's AutoCDC.
+        for event in sorted(events, key=lambda e: (e.seq, not (e.delete or e.truncate))):
+            if event.truncate:
+                self.rows.clear()
+            elif self.scd_type == 1:
                 self._scd1(event)
             else:
                 self._scd2(event)
@@ -48,6 +52,7 @@ class Model:
         return new
 
     def _scd1(self, event: Event) -> None:
+        assert event.key is not None
         if event.delete:
             self.rows.pop(event.key, None)
             return
@@ -56,6 +61,7 @@ class Model:
         self.rows[event.key] = row
 
     def _scd2(self, event: Event) -> None:
+        assert event.key is not None
         versions = self.history.setdefault(event.key, [])
         current = versions[-1] if versions and versions[-1]["__END_AT"] is None else None
         if event.delete:

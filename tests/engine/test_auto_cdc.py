@@ -30,7 +30,14 @@ VALUES = ("a", "b")
 
 def batch_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
     return [
-        {"id": e.key, "seq": e.seq, "op": "D" if e.delete else "U", "a": e.values[0], "b": e.values[1]} for e in events
+        {
+            "id": e.key,
+            "seq": e.seq,
+            "op": "T" if e.truncate else "D" if e.delete else "U",
+            "a": e.values[0],
+            "b": e.values[1],
+        }
+        for e in events
     ]
 
 
@@ -64,7 +71,7 @@ def output_columns(scd_type: int) -> list[str]:
 
 
 @st.composite
-def feeds(draw: st.DrawFn, *, shuffle: bool) -> tuple[list[Event], list[list[Event]]]:
+def feeds(draw: st.DrawFn, *, shuffle: bool, truncates: bool = False) -> tuple[list[Event], list[list[Event]]]:
     """A feed over up to 30 keys, each key's events its own change feed (unique sequences, a delete now and then),
     split into batches in sequence order; with ``shuffle``, some events move to a later or earlier batch (out of
     order within a window of one batch). Keys are independent, so one feed checks many keys' histories per batch."""
@@ -79,6 +86,10 @@ def feeds(draw: st.DrawFn, *, shuffle: bool) -> tuple[list[Event], list[list[Eve
         )
         for seq in draw(st.permutations(range(1, count + 1)))
     ]
+    if truncates:
+        events = [
+            Event(None, e.seq, False, e.values, truncate=True) if draw(st.integers(0, 30)) == 0 else e for e in events
+        ]
     events.sort(key=lambda e: e.seq)
     cuts = sorted(draw(st.sets(st.integers(1, max(1, count - 1)), max_size=4)))
     bounds = [0, *[c for c in cuts if c < count], count]
@@ -172,6 +183,20 @@ def test_scd2_null_updates_and_tracked_columns_with_late_events(
         for (start, end), (next_start, _) in itertools.pairwise(versions):
             assert end is not None and start < end <= next_start  # contiguous or gapped by a delete, never overlapping
         assert all(end is None or start < end for start, end in versions)
+
+
+@pytest.mark.parametrize("layout", ["plain", "deletion-vectors"])
+@PROPERTY
+@given(feed=feeds(shuffle=True, truncates=True))
+def test_scd1_truncates_with_late_events(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, layout: str, feed: Any
+) -> None:
+    """apply_as_truncates: a truncate removes every row older than it, and no event older than it comes back later."""
+    events, batches = feed
+    target = tmp_path_factory.mktemp("cdc") / "t"
+    _create_target(target, 1, layout)
+    apply_batches(spark, target, batches, apply_as_truncates="op = 'T'")
+    assert table_rows(target, output_columns(1)) == Model(VALUES).apply(events).table()
 
 
 def test_scd1_end_to_end_semantics(spark: SparkSession, tmp_path: Path) -> None:
