@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 
@@ -86,20 +87,25 @@ def run_auto_cdc(
     validated: bool = False,
 ) -> MergeResult:
     """Apply one batch of change events to the target. The target's merge is the job's one commit to it; a failure
-    before it leaves both tables unchanged."""
+    before it leaves both tables unchanged, and a first batch that fails leaves no table behind."""
     if not validated:
         spec = validate_auto_cdc(spec)
     views: list[str] = []
     try:
         batch = _read_batch(spark, spec, views)
         deletes, truncated = _check_events(spark, batch, views[-1])
-        _ensure_target(spec, batch, dry_run=dry_run)
+        created = _ensure_target(spec, batch, dry_run=dry_run)
         if not dry_run:
             _ensure_state(spec, batch)
     finally:
         _drop_views(spark, views)
     target = _target_merge(spec, batch, truncated)
-    result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
+    try:
+        result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
+    except Exception:
+        if created:
+            _remove_if_unchanged(spec)
+        raise
     if dry_run or (spec.stored_as_scd_type == 1 and not deletes and truncated is None and not _has_tombstones(spec)):
         return result  # SCD 1 with no delete or truncate to record and no tombstone an upsert could drop
     try:
@@ -216,8 +222,9 @@ def _target_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
     return fields
 
 
-def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
-    """The first batch creates the target; a dry run creates nothing, so it needs the table to exist."""
+def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> bool:
+    """The first batch creates the target (True when this call did); a dry run creates nothing, so it needs the
+    table to exist."""
     wanted = _target_fields(spec, batch)
     try:
         snapshot = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
@@ -230,7 +237,7 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
                 "not a dry run creates the table)."
             ) from None
         _create(spec.target, wanted)
-        return
+        return True
     have = {f.name.lower() for f in snapshot.spark_schema.fields}
     missing = [f.name for f in wanted if f.name.lower() not in have]
     if missing:
@@ -239,6 +246,15 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> None:
             "AUTO CDC target keeps; add them, or let the first batch create the table.",
             field="target",
         )
+    return False
+
+
+def _remove_if_unchanged(spec: AutoCdcSpec) -> None:
+    """A table this batch created, and that still holds only its creation, is removed with its state table: the
+    failed batch leaves the lake as it found it. One that took a commit (an outcome not known) stays."""
+    with contextlib.suppress(Exception):
+        if delta.load_snapshot(spec.target, lake_roots=spec.lake_roots).version == 0:
+            shutil.rmtree(spec.target)
 
 
 def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
