@@ -250,7 +250,7 @@ SELECT {keys}{vals}, {q(START_AT)}, {q(END_AT)}, true FROM {q(views.target)} t
 """
 
 
-def scd2_target_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
+def scd2_target_clauses(columns: Columns) -> Clauses:
     """Matched on key and ``__START_AT``: a dropped version is deleted, a changed one updated; new ones inserted."""
     same = " AND ".join(f"target.{q(c)} <=> source.{q(c)}" for c in (*columns.values, END_AT))
     updates = {q(c): f"source.{q(c)}" for c in (*columns.values, END_AT)}
@@ -259,7 +259,7 @@ def scd2_target_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tupl
         MergeClause("matched", DeleteAction(), condition=f"source.{DROP}"),
         MergeClause("matched", UpdateAction(set=updates), condition=f"NOT ({same})"),
     )
-    return matched, (MergeClause("notMatched", InsertAction(values=inserts), condition=f"NOT source.{DROP}"),)
+    return matched, (MergeClause("notMatched", InsertAction(values=inserts), condition=f"NOT source.{DROP}"),), ()
 
 
 def scd2_target_on(columns: Columns) -> str:
@@ -281,7 +281,7 @@ def scd2_events_on(columns: Columns) -> str:
     return f"{_keys(columns, 'target', 'source')} AND target.{q(EVENT_AT)} = source.{SEQ}"
 
 
-def scd2_events_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tuple[MergeClause, ...]]:
+def scd2_events_clauses(columns: Columns) -> Clauses:
     """New events are recorded; an upsert replaces a delete recorded at its sequence (the upsert wins the tie)."""
     updates = {q(c): f"source.{q(c)}" for c in columns.values}
     updates[q(IS_DELETE)] = "false"
@@ -291,7 +291,7 @@ def scd2_events_clauses(columns: Columns) -> tuple[tuple[MergeClause, ...], tupl
     matched = (
         MergeClause("matched", UpdateAction(set=updates), condition=f"target.{q(IS_DELETE)} AND NOT source.{DEL}"),
     )
-    return matched, (MergeClause("notMatched", InsertAction(values=values)),)
+    return matched, (MergeClause("notMatched", InsertAction(values=values)),), ()
 
 
 def keys_on(columns: Columns) -> str:

@@ -36,7 +36,7 @@ from engine.expression_rules import check_expression, spark_text
 from engine.expressions import parse_expression
 from engine.result import AppTransaction, MergeResult
 from engine.source import source_dataframe
-from engine.spec import FrameSource, MergeClause, MergeSpec
+from engine.spec import DeletionVectorsMode, FrameSource, MergeSpec
 
 UNORDERED_TYPES = (T.MapType, T.VariantType, T.BinaryType)
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -319,46 +319,44 @@ def _table_view(spark: SparkSession, path: str, spec: AutoCdcSpec, view: str, fi
 
 def _target_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
     columns = batch.columns
-    by_source: tuple[MergeClause, ...] = ()
     if spec.stored_as_scd_type == 1:
-        matched, not_matched, by_source = plan.scd1_target_clauses(columns, truncated)
-        on = plan.keys_on(columns)
-        source = _frame(spec, batch, lambda v: plan.scd1_source_sql(columns, batch.events(v.batch), v))
+        clauses, on, sql = plan.scd1_target_clauses(columns, truncated), plan.keys_on(columns), plan.scd1_source_sql
     else:
-        matched, not_matched = plan.scd2_target_clauses(columns)
-        on = plan.scd2_target_on(columns)
-        source = _frame(spec, batch, lambda v: plan.scd2_source_sql(columns, batch.events(v.batch), v))
-    return MergeSpec(
-        target=spec.target,
-        source=source,
-        on=on,
-        matched=matched,
-        not_matched=not_matched,
-        not_matched_by_source=by_source,
-        lake_roots=spec.lake_roots,
-        deletion_vectors=spec.deletion_vectors,
-    )
+        clauses, on, sql = plan.scd2_target_clauses(columns), plan.scd2_target_on(columns), plan.scd2_source_sql
+    source = _frame(spec, batch, lambda v: sql(columns, batch.events(v.batch), v))
+    return _merge(spec, spec.target, on, source, clauses, deletion_vectors=spec.deletion_vectors)
 
 
 def _state_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
     columns = batch.columns
-    by_source: tuple[MergeClause, ...] = ()
     if spec.stored_as_scd_type == 1:
-        matched, not_matched, by_source = plan.scd1_tombstone_clauses(columns, truncated)
-        on = plan.scd1_tombstones_on(columns)
+        clauses, on = plan.scd1_tombstone_clauses(columns, truncated), plan.scd1_tombstones_on(columns)
         source = _frame(spec, batch, lambda v: plan.scd1_tombstones_sql(columns, batch.events(v.batch), v))
     else:
-        matched, not_matched = plan.scd2_events_clauses(columns)
-        on = plan.scd2_events_on(columns)
+        clauses, on = plan.scd2_events_clauses(columns), plan.scd2_events_on(columns)
         source = _frame(spec, batch, lambda v: plan.scd2_events_sql(columns, batch.events(v.batch)))
+    return _merge(spec, spec.state, on, source, clauses, deletion_vectors="auto")
+
+
+def _merge(
+    spec: AutoCdcSpec,
+    table: str,
+    on: str,
+    source: FrameSource,
+    clauses: plan.Clauses,
+    *,
+    deletion_vectors: DeletionVectorsMode,
+) -> MergeSpec:
+    matched, not_matched, by_source = clauses
     return MergeSpec(
-        target=spec.state,
+        target=table,
         source=source,
         on=on,
         matched=matched,
         not_matched=not_matched,
         not_matched_by_source=by_source,
         lake_roots=spec.lake_roots,
+        deletion_vectors=deletion_vectors,
     )
 
 
