@@ -1,7 +1,6 @@
-"""The deployment end to end (deploy/test/compose_check.py): runs when this machine has a dockerd, or can start
-one (root with apt-get). It takes some 12 minutes (image builds, the stack's start, a killed worker, down and up),
-which the rest of the suite leaves no room for in CI's 60 minutes, so `make test` leaves it out (pyproject.toml:
-`-m "not compose"`); `make compose-check` or `pytest -m compose` runs it."""
+"""The deployment end to end (deploy/test/compose_check.py), inside `make test`: runs when this machine has a
+dockerd, or can start one (root with apt-get). It takes some 12 minutes (stand-in base images, image builds, the
+stack's start, a killed worker, down and up); `make compose-check` or `pytest -m compose` runs it alone."""
 
 from __future__ import annotations
 
