@@ -78,20 +78,23 @@ def test_refused_unknown_and_unreachable_exit_codes(service: Service) -> None:
     assert gone.returncode == EXIT_UNREACHABLE and "cannot be reached" in gone.stderr
 
 
-def test_wait_timeout_cancel_and_cancelled_exit_codes(service: Service) -> None:
-    target = service.table("cancel")
-    with MergeClient(service.url) as client:
-        handles = [client.submit(upsert(target, 10 + n)) for n in range(13)]
-    # Merges of one table run one at a time: the last job waits behind twelve, the one before it behind eleven,
-    # many times longer than a command takes to start. The cancel comes first, while the last job is surely queued.
-    last, before_last = handles[-1].id, handles[-2].id
-    assert run_cli("cancel", last, url=service.url).returncode == EXIT_SUCCEEDED
-    timed_out = run_cli("wait", before_last, "--timeout", "0.1", url=service.url)
+@pytest.fixture(scope="module")
+def idle_service(tmp_path_factory: pytest.TempPathFactory, spark_remote: str) -> Iterator[Service]:
+    """A service with no merge worker: what it queues stays queued, whatever the machine's speed."""
+    yield from running_service(tmp_path_factory.mktemp("cli-idle"), spark_remote, MERGE_SERVICE_WORKERS="0")
+
+
+def test_wait_timeout_cancel_and_cancelled_exit_codes(idle_service: Service) -> None:
+    target = idle_service.table("cancel")
+    with MergeClient(idle_service.url) as client:
+        queued, cancelled_job = (client.submit(upsert(target, 10 + n)).id for n in range(2))
+    timed_out = run_cli("wait", queued, "--timeout", "0.1", url=idle_service.url)
     assert timed_out.returncode == EXIT_TIMED_OUT, timed_out.stderr
-    cancelled = run_cli("wait", last, url=service.url)
+    assert json.loads(run_cli("status", queued, url=idle_service.url).stdout)["status"] == "queued"
+    assert run_cli("cancel", cancelled_job, url=idle_service.url).returncode == EXIT_SUCCEEDED
+    cancelled = run_cli("wait", cancelled_job, url=idle_service.url)
     assert cancelled.returncode == EXIT_CANCELLED, cancelled.stderr
-    assert run_cli("wait", before_last, url=service.url).returncode == EXIT_SUCCEEDED
-    assert DeltaTable(target).version() == 12
+    assert DeltaTable(target).version() == 0
 
 
 class Terminal(io.StringIO):
