@@ -76,11 +76,18 @@ class ConnectRetry:
         )
 
 
-def connect(remote: str = "local", *, retry: ConnectRetry | None = None, timeout: float | None = None) -> SparkSession:
+def connect(
+    remote: str = "local",
+    *,
+    retry: ConnectRetry | None = None,
+    timeout: float | None = None,
+    pool: str | None = None,
+) -> SparkSession:
     """A new Spark Connect session, configured for the engine, whose calls retry as ``retry`` says. ``local``
     starts the embedded server (again, if it died). A server that accepts the connection but does not answer
     (a stopped JVM, a frozen host) would hold the caller for as long as it stays so: gRPC calls have no
-    deadline. With ``timeout`` the session is given up after that many seconds without an answer."""
+    deadline. With ``timeout`` the session is given up after that many seconds without an answer. ``pool``: the
+    scheduler pool the session's jobs run in (``configure_session``)."""
     url = embedded_remote() if remote in ("local", "") or remote.startswith("local[") else remote
     spark = SparkSession.builder.remote(url).create()
     spark.client.set_retry_policies([(retry or ConnectRetry()).policy()])
@@ -88,7 +95,7 @@ def connect(remote: str = "local", *, retry: ConnectRetry | None = None, timeout
 
     def configure() -> None:
         try:
-            configure_session(spark)
+            configure_session(spark, pool=pool)
         except Exception as exc:
             failure.append(exc)
 
@@ -161,9 +168,14 @@ def _release(spark: SparkSession) -> None:
         log.debug("releasing a Spark session failed: %s", spark_error_message(exc))
 
 
-def configure_session(spark: SparkSession) -> None:
+def configure_session(spark: SparkSession, *, pool: str | None = None) -> None:
+    """``pool``: Spark's ``spark.scheduler.pool`` for every job of this session. On a server whose
+    ``spark.scheduler.mode`` is FAIR, sessions in different pools share the cores task by task; a pool the
+    server's allocation file does not name is created on first use with weight 1."""
     for key, value in SESSION_CONF.items():
         spark.conf.set(key, value)
+    if pool is not None:
+        spark.conf.set("spark.scheduler.pool", pool)
 
 
 class Observation(ConnectObservation):

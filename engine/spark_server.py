@@ -34,6 +34,9 @@ SERVER_CONF: Mapping[str, str] = {
     "spark.connect.grpc.binding.address": "127.0.0.1",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
+    # Each session that names a scheduler pool (a merge worker's) gets its share of the cores between tasks, so
+    # one large merge does not queue every other session's small merges behind all of its tasks.
+    "spark.scheduler.mode": "FAIR",
     "spark.driver.memory": "2g",
     "spark.sql.warehouse.dir": os.path.join(tempfile.gettempdir(), "merge-service-warehouse"),
 }

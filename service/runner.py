@@ -71,8 +71,11 @@ class EngineRunner:
     to Spark but ``_connect_lock``, which only this runner's worker and probe take, so one server start serves
     both."""
 
-    def __init__(self, settings: Settings, metrics: ServiceMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics | None = None, *, pool: str | None = None) -> None:
         self.remote = settings.spark_remote
+        self.pool = pool
+        """The Spark scheduler pool of this runner's jobs: each worker's own, so workers sharing a server share
+        its cores fairly (``engine.spark.configure_session``)."""
         self.roots = LakeRoots(settings.lake_roots)
         self.metrics = metrics
         self.retry = engine_spark.ConnectRetry(
@@ -104,7 +107,7 @@ class EngineRunner:
             if self._closed.is_set():
                 raise engine_errors.SparkUnavailableError("The worker is shutting down.")
             if self._spark is None:
-                spark = engine_spark.connect(self.remote, retry=self.retry, timeout=self.stall_seconds)
+                spark = engine_spark.connect(self.remote, retry=self.retry, timeout=self.stall_seconds, pool=self.pool)
                 with self._lock:
                     self._spark = spark
             return self._spark

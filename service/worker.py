@@ -51,8 +51,8 @@ class Worker:
         self._owns_manager = manager is None
         self.manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
         self.metrics = metrics or ServiceMetrics()
-        self.runner: MergeRunner = runner or EngineRunner(settings, self.metrics)
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{ULID()}"
+        self.runner: MergeRunner = runner or EngineRunner(settings, self.metrics, pool=f"merge-worker-{self.id}")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._current: JobControl | None = None

@@ -183,12 +183,14 @@ class Stack:
         return Path(docker("volume", "inspect", "-f", "{{.Mountpoint}}", f"{PROJECT}_lake").strip()) / "check"
 
     def spark_app(self) -> dict[str, Any]:
-        """The Connect server's application and its executors, from its driver's API (as a worker sees it)."""
+        """The Connect server's application, its executors and stages, from its driver's API (as a worker sees it)."""
         probe = (
             "import json, urllib.request as u\n"
             "get = lambda p: json.load(u.urlopen('http://spark-connect:4040/api/v1/' + p, timeout=10))\n"
             "app = get('applications')[0]\n"
-            "print(json.dumps({'id': app['id'], 'executors': get(f\"applications/{app['id']}/allexecutors\")}))\n"
+            "base = f\"applications/{app['id']}/\"\n"
+            "executors, stages = get(base + 'allexecutors'), get(base + 'stages')\n"
+            "print(json.dumps({'id': app['id'], 'executors': executors, 'stages': stages}))\n"
         )
         return dict(json.loads(self.run_in("api", "python", "-", stdin=probe)))
 
@@ -331,7 +333,8 @@ def completed_tasks_on_executors(app: dict[str, Any]) -> int:
 
 
 def check_cluster_executors(stack: Stack, tasks_before: int) -> None:
-    """The merges' tasks ran in executor JVMs on the spark-worker containers, not in the Connect server."""
+    """The merges' tasks ran in executor JVMs on the spark-worker containers, not in the Connect server, in the
+    workers' own scheduler pools."""
     app = stack.spark_app()
     driver = next(e for e in app["executors"] if e["id"] == "driver")
     check(driver["totalCores"] == 0, f"the driver runs tasks itself: {driver}")
@@ -344,6 +347,11 @@ def check_cluster_executors(stack: Stack, tasks_before: int) -> None:
     check(bool(executors) and hosts <= worker_ips, f"executors on {hosts}, spark-worker containers {worker_ips}")
     done = completed_tasks_on_executors(app)
     check(done > tasks_before, f"no task completed on an executor during the merges ({tasks_before} -> {done})")
+    pools = {stage.get("schedulingPool") for stage in app["stages"]}
+    check(
+        any(str(pool).startswith("merge-worker-") for pool in pools),
+        f"no merge ran in a worker's scheduler pool: {pools}",
+    )
 
 
 def kill_a_worker_mid_merge(stack: Stack) -> str:
