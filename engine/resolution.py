@@ -153,16 +153,23 @@ class Resolver:
 
     def _analyze(self, clause_type: str, items: Sequence[tuple[str, str]]) -> list[DataType]:
         """Spark's types for ``(where, sql)`` items in one scope; on failure, name the item at fault."""
+        return self._analyze_scoped([(clause_type, where, text) for where, text in items])
+
+    def _analyze_scoped(self, items: Sequence[tuple[str, str, str]]) -> list[DataType]:
+        """Spark's types for ``(clause type, where, sql)`` items in one round trip to the server: the joined
+        rows see both sides, and a NOT MATCHED [BY SOURCE] clause's bare columns are qualified with its one side
+        already. On failure each item is analyzed in its own scope, to name the item at fault."""
         if not items:
             return []
-        frame = self._frame(clause_type)
+        scopes = {clause_type for clause_type, _, _ in items}
+        frame = self._frame(scopes.pop()) if len(scopes) == 1 else self._frame("matched")
         try:
-            schema = frame.select(*[F.expr(text).alias(f"_e{i}") for i, (_, text) in enumerate(items)]).schema
+            schema = frame.select(*[F.expr(text).alias(f"_e{i}") for i, (_, _, text) in enumerate(items)]).schema
             return [f.dataType for f in schema.fields]
         except PySparkException:
-            for where, text in items:
+            for clause_type, where, text in items:
                 try:
-                    frame.select(F.expr(text)).schema  # noqa: B018
+                    self._frame(clause_type).select(F.expr(text)).schema  # noqa: B018
                 except PySparkException as exc:
                     raise MergeResolutionError(
                         f"{where}: cannot resolve {text!r}: {_spark_message(exc)}", field=where
@@ -185,10 +192,20 @@ class Resolver:
             spec, self.target_schema, self.source_schema, type_widening=self.type_widening
         )
         self.target_values = target_values
-        on_types = self._analyze("matched", [("on", spec.on)])
-        if not isinstance(on_types[0], (BooleanType, NullType)):
+        clauses = [
+            (clause, index, self._clause_items(clause, index, out_fields, new_columns))
+            for group in (spec.matched, spec.not_matched, spec.not_matched_by_source)
+            for index, clause in enumerate(group)
+        ]
+        # ON and every clause's conditions and values are typed in one analysis.
+        items = [("matched", "on", spec.on)]
+        for clause, _, (_, _, clause_items) in clauses:
+            items += [(clause.clause_type, where, text) for where, text in clause_items]
+        types = self._analyze_scoped(items)
+        on_type, offset = types[0], 1
+        if not isinstance(on_type, (BooleanType, NullType)):
             raise MergeResolutionError(
-                f"on: the merge condition must be boolean, not {on_types[0].simpleString()}.", field="on"
+                f"on: the merge condition must be boolean, not {on_type.simpleString()}.", field="on"
             )
         resolved = ResolvedMerge(
             on=F.expr(spec.on),
@@ -198,36 +215,50 @@ class Resolver:
             new_columns=new_columns,
             target_values=target_values,
         )
-        for group, target_list in (
-            (spec.matched, resolved.matched),
-            (spec.not_matched, resolved.not_matched),
-            (spec.not_matched_by_source, resolved.not_matched_by_source),
-        ):
-            for index, clause in enumerate(group):
-                target_list.append(self._resolve_clause(clause, index, out_fields, new_columns))
+        by_type = {
+            "matched": resolved.matched,
+            "notMatched": resolved.not_matched,
+            "notMatchedBySource": resolved.not_matched_by_source,
+        }
+        for clause, index, (cond_sql, values, clause_items) in clauses:
+            clause_types = types[offset : offset + len(clause_items)]
+            offset += len(clause_items)
+            by_type[clause.clause_type].append(
+                self._resolved_clause(clause, index, cond_sql, values, clause_types, out_fields)
+            )
         resolved.identity_generated = sorted(self.identity_generated)
         return resolved
 
-    def _resolve_clause(
+    def _clause_items(
         self, clause: MergeClause, index: int, out_fields: list[StructField], new_columns: list[str]
-    ) -> ResolvedClause:
+    ) -> tuple[str | None, list[tuple[str, bool]] | None, list[tuple[str, str]]]:
+        """A clause's condition and values as SQL in its scope, and the ``(where, sql)`` items to type."""
         where = clause_where(clause, index)
-        ctype = clause.clause_type
         items: list[tuple[str, str]] = []
         cond_sql = None
         if clause.condition is not None:
-            cond_sql = self._scoped_sql(clause.condition, ctype, f"{where}.condition")
+            cond_sql = self._scoped_sql(clause.condition, clause.clause_type, f"{where}.condition")
             items.append((f"{where}.condition", cond_sql))
-        action = clause.action
         values = (
             self._clause_values(clause, index, where, out_fields, new_columns)
-            if isinstance(action, (UpdateAction, InsertAction))
+            if isinstance(clause.action, (UpdateAction, InsertAction))
             else None
         )
-        value_offset = len(items)
         if values is not None:
             items.extend((f"{where} column {f.name}", text) for f, (text, _) in zip(out_fields, values, strict=True))
-        types = self._analyze(ctype, items)
+        return cond_sql, values, items
+
+    def _resolved_clause(
+        self,
+        clause: MergeClause,
+        index: int,
+        cond_sql: str | None,
+        values: list[tuple[str, bool]] | None,
+        types: list[DataType],
+        out_fields: list[StructField],
+    ) -> ResolvedClause:
+        """A clause with its condition checked boolean and its values as the columns store them."""
+        where = clause_where(clause, index)
         condition = None
         if cond_sql is not None:
             if not isinstance(types[0], (BooleanType, NullType)):
@@ -236,7 +267,8 @@ class Resolver:
                     field=f"{where}.condition",
                 )
             condition = F.expr(cond_sql)
-        columns = None if values is None else self._stored_columns(values, types[value_offset:], out_fields, where)
+        value_types = types[1:] if cond_sql is not None else types
+        columns = None if values is None else self._stored_columns(values, value_types, out_fields, where)
         return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
 
     def _clause_values(

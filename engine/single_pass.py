@@ -54,6 +54,12 @@ SINGLE_PASS_MIN_MATCHES_PER_FILE = 16
 such a file has none is below e**-16."""
 
 
+SINGLE_PASS_MAX_GUESSED_ROWS = 10_000
+"""Candidate files holding at most this many rows in all are rewritten in one pass whatever the key statistics
+expect: a wrong guess costs the rewrite of these few rows, discarded, while findTouchedFiles' own Spark job costs
+more than rewriting them; a right one spares that job, most of a small merge's time."""
+
+
 TOUCHED_FILE_COL = "_touched_file_"
 
 
@@ -73,19 +79,24 @@ def touches_every_match(spec: MergeSpec) -> bool:
 def takes_single_pass(ctx: MergeContext) -> bool:
     """Whether findTouchedFiles can be folded into writeAllChanges. Every candidate needs a row count in its
     statistics (the multiple-match check). With NOT MATCHED BY SOURCE clauses every candidate file is
-    touched, as Delta rewrites them all, so nothing else is guessed. Otherwise ON must be one integer key
-    equality (plus source-only conjuncts), every match must touch its file, and the key statistics must
-    expect every candidate file to be touched."""
+    touched, as Delta rewrites them all, so nothing else is guessed. Otherwise every match must touch its
+    file, and either the candidates hold few rows or ON is one integer key equality (plus source-only
+    conjuncts) and the key statistics expect every candidate file to be touched."""
     spec = ctx.spec
     if ctx.write_deletion_vectors:
         return False  # The single pass rewrites whole files; a deletion-vector merge writes only changed rows.
     if ctx.row_tracking_columns is not None:
         return False  # Its plans read the target without the rows' files and indexes, which stable row ids need.
-    if not ctx.candidate_files or delta.known_num_records(ctx.candidate_files) is None:
+    candidate_rows = delta.known_num_records(ctx.candidate_files)
+    if not ctx.candidate_files or candidate_rows is None:
         return False
     if spec.not_matched_by_source:
         return True
-    if ctx.source_rows_estimate is None or not touches_every_match(spec):
+    if not touches_every_match(spec):
+        return False
+    if candidate_rows <= SINGLE_PASS_MAX_GUESSED_ROWS:
+        return True
+    if ctx.source_rows_estimate is None:
         return False
     keyed = one_integer_key(ctx)
     return keyed is not None and not keyed.target_only and expects_every_candidate_touched(ctx, keyed)

@@ -1,6 +1,6 @@
-"""findTouchedFiles folded into writeAllChanges (the single pass): taken when the key statistics expect every
-candidate file to be touched, kept only when that held, and otherwise redone as Delta's two passes would have
-done it: results against deltalake's merge, files against the log."""
+"""findTouchedFiles folded into writeAllChanges (the single pass): taken when the candidate files hold few rows
+or the key statistics expect every candidate file to be touched, kept only when that held, and otherwise redone
+as Delta's two passes would have done it: results against deltalake's merge, files against the log."""
 
 from __future__ import annotations
 
@@ -83,14 +83,22 @@ def _no_find_pass() -> Any:
     )
 
 
+def _statistics_only() -> Any:
+    """The single pass taken only where the key statistics expect it, however few rows the candidates hold."""
+    return patch.object(single_pass, "SINGLE_PASS_MAX_GUESSED_ROWS", 0)
+
+
 UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+
+# An equality of strings: no key statistics to guess from.
+TEXT_KEYS = "CAST(t.id AS STRING) = CAST(s.id AS STRING)"
 
 
 def test_taken_when_statistics_expect_every_file_touched(spark: SparkSession, tmp_path: Path) -> None:
     # 200 existing keys spread over all four files and 50 new ones past them: about 60 per file.
     existing = list(range(0, FILES * ROWS_PER_FILE, 10))
     new = list(range(FILES * ROWS_PER_FILE, FILES * ROWS_PER_FILE + 50))
-    with _no_find_pass():
+    with _statistics_only(), _no_find_pass():
         result, expected, ours, theirs = _merge_both(spark, tmp_path, existing + new, UPSERT)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert expected == {"num_updated_rows": 200, "num_deleted_rows": 0, "num_inserted_rows": 50}
@@ -134,7 +142,7 @@ def test_not_matched_by_source_takes_it_whatever_the_keys(spark: SparkSession, t
 def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path: Path) -> None:
     # 40 keys over four files of 500: ten per file, too few to expect every file touched.
     ids = list(range(0, FILES * ROWS_PER_FILE, 50))
-    with patch.object(
+    with _statistics_only(), patch.object(
         single_pass,
         "write_in_one_pass",
         side_effect=AssertionError("the statistics do not promise every file touched"),
@@ -142,6 +150,56 @@ def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path
         result, expected, ours, theirs = _merge_both(spark, tmp_path, ids, UPSERT)
     assert {k: result.result[k] for k in COUNTS} == expected
     assert rows(ours) == rows(theirs)
+
+
+def test_small_candidates_take_it_whatever_the_keys(spark: SparkSession, tmp_path: Path) -> None:
+    """Candidates of few rows in all are rewritten in one pass on a guess, with no key statistics to go by: a
+    key in each file and a new one, ON an equality of strings."""
+    assert FILES * ROWS_PER_FILE <= single_pass.SINGLE_PASS_MAX_GUESSED_ROWS
+    phases: list[str] = []
+    with _no_find_pass():
+        result, expected, ours, theirs = _merge_both(
+            spark, tmp_path, [3, 700, 1200, 1800, 5000], UPSERT, on=TEXT_KEYS, phases=phases
+        )
+    assert expected == {"num_updated_rows": 4, "num_deleted_rows": 0, "num_inserted_rows": 1}
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert phases == ["preparing_source", "finding_touched_files", "writing", "committing"]
+    m = result.metrics
+    assert m["numTargetFilesRemoved"] == FILES
+    assert m["numTargetRowsCopied"] == FILES * ROWS_PER_FILE - 4
+    assert m["scanTimeMs"] == 0
+    assert stray_files(ours) == set()
+
+
+@pytest.mark.parametrize(
+    ("source_ids", "removed"),
+    [([3, 5000], 1), ([5000, 5001], 0)],
+    ids=["one_file_touched", "none_touched"],
+)
+def test_small_candidates_wrong_guess(
+    spark: SparkSession, tmp_path: Path, source_ids: list[int], removed: int
+) -> None:
+    """A guess that left files untouched is discarded: only the touched file is rewritten, or with none touched
+    the inserts are written alone, and nothing of the discarded write stays."""
+    with _no_find_pass():
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, source_ids, UPSERT, on=TEXT_KEYS)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert result.metrics["numTargetFilesRemoved"] == removed
+    assert result.metrics["numTargetRowsCopied"] == removed * (ROWS_PER_FILE - 1)
+    assert stray_files(ours) == set()
+
+
+def test_small_candidates_not_taken_when_a_match_may_touch_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    """A matched-only merge whose clauses all have conditions may match rows it leaves alone: the touched files
+    cannot be told from the matches, so the two passes run."""
+    clauses = [clause("matched", "update_all", "s.v = 'none'")]
+    with patch.object(single_pass, "write_in_one_pass", side_effect=AssertionError("a match may touch nothing")):
+        result, expected, ours, theirs = _merge_both(spark, tmp_path, [3, 700, 1200, 1800], clauses)
+    assert {k: result.result[k] for k in COUNTS} == expected
+    assert rows(ours) == rows(theirs)
+    assert result.metrics["numTargetFilesRemoved"] == 0
 
 
 @pytest.mark.parametrize(
