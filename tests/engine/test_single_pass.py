@@ -142,10 +142,13 @@ def test_not_matched_by_source_takes_it_whatever_the_keys(spark: SparkSession, t
 def test_not_taken_when_files_would_stay_untouched(spark: SparkSession, tmp_path: Path) -> None:
     # 40 keys over four files of 500: ten per file, too few to expect every file touched.
     ids = list(range(0, FILES * ROWS_PER_FILE, 50))
-    with _statistics_only(), patch.object(
-        single_pass,
-        "write_in_one_pass",
-        side_effect=AssertionError("the statistics do not promise every file touched"),
+    with (
+        _statistics_only(),
+        patch.object(
+            single_pass,
+            "write_in_one_pass",
+            side_effect=AssertionError("the statistics do not promise every file touched"),
+        ),
     ):
         result, expected, ours, theirs = _merge_both(spark, tmp_path, ids, UPSERT)
     assert {k: result.result[k] for k in COUNTS} == expected
@@ -177,9 +180,7 @@ def test_small_candidates_take_it_whatever_the_keys(spark: SparkSession, tmp_pat
     [([3, 5000], 1), ([5000, 5001], 0)],
     ids=["one_file_touched", "none_touched"],
 )
-def test_small_candidates_wrong_guess(
-    spark: SparkSession, tmp_path: Path, source_ids: list[int], removed: int
-) -> None:
+def test_small_candidates_wrong_guess(spark: SparkSession, tmp_path: Path, source_ids: list[int], removed: int) -> None:
     """A guess that left files untouched is discarded: only the touched file is rewritten, or with none touched
     the inserts are written alone, and nothing of the discarded write stays."""
     with _no_find_pass():
