@@ -107,7 +107,9 @@ class ClassicMergeExecutor:
         spec = ctx.spec
         start = time.monotonic()
         if not ctx.candidate_files:
-            ctx.metrics["numSourceRows"] = ctx.source.count()
+            # Known without a Spark job for inline rows and a Delta source (exact: every read gives those rows).
+            known = ctx.source_rows_estimate
+            ctx.metrics["numSourceRows"] = known if known is not None else ctx.source.count()
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             return []
         obs = Observation("numSourceRows")

@@ -41,8 +41,9 @@ def counting_round_trips(spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.undo()
 
 
-def _target(path: Path) -> Path:
-    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
+def _target(path: Path, ids: tuple[int, ...] = (1, 2, 3)) -> Path:
+    data = pa.table({"id": pa.array(ids, pa.int64()), "v": [chr(ord("a") + i) for i in range(len(ids))]})
+    write_deltalake(str(path), data)
     return path
 
 
@@ -84,18 +85,18 @@ def test_a_matching_one_row_upsert_runs_one_query(
     ]
 
 
-def test_a_new_key_writes_the_inserts_after_the_guess(
+def test_a_new_key_in_range_writes_the_insert_after_the_guess(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The single pass guessed the one file touched; it was not, so its write is discarded and the insert is
     written alone: one more query, and the table holds the new row once."""
-    target = _target(tmp_path / "t")
+    target = _target(tmp_path / "t", (1, 3))
     with counting_round_trips(spark, monkeypatch) as counts:
-        result = run_merge(spark, _spec(target, 9, UPSERT))
+        result = run_merge(spark, _spec(target, 2, UPSERT))
     assert result.result["num_inserted_rows"] == 1
     assert result.metrics["numTargetFilesRemoved"] == 0
     assert counts["execute"] == 2
-    assert [r["id"] for r in DeltaTable(str(target)).to_pyarrow_table().to_pylist()].count(9) == 1
+    assert [r["id"] for r in DeltaTable(str(target)).to_pyarrow_table().to_pylist()].count(2) == 1
 
 
 def test_every_clause_is_typed_in_the_one_analysis(
@@ -108,3 +109,18 @@ def test_every_clause_is_typed_in_the_one_analysis(
     assert counts["analyze"] == 3
     rows = sorted(DeltaTable(str(target)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     assert rows == [{"id": 1, "v": "a"}, {"id": 2, "v": "bx2"}, {"id": 3, "v": "C"}]
+
+
+def test_a_new_key_past_every_file_runs_only_the_insert(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source's key range skips every file (of two: one file is not worth skipping), and the inline rows'
+    count is known: the insert is the one query, and numSourceRows is still the source's row count."""
+    target = _target(tmp_path / "t")
+    write_deltalake(str(target), pa.table({"id": pa.array([5, 6], pa.int64()), "v": ["e", "f"]}), mode="append")
+    with counting_round_trips(spark, monkeypatch) as counts:
+        result = run_merge(spark, _spec(target, 100, UPSERT))
+    assert result.metrics["numTargetFilesAfterSkipping"] == 0
+    assert result.metrics["numSourceRows"] == 1
+    assert result.result["num_inserted_rows"] == 1
+    assert counts["execute"] == 1
