@@ -16,6 +16,8 @@ Runs, in order:
   medium   ``--medium`` upserts of 1,000 source rows into a table of ``--medium-rows`` rows: engine time p50.
   beside   the same small merges with one large merge (an upsert of ``--large-rows``/10 rows into the large table)
            submitted first: the small merges' p95 against the ``small`` run's.
+  fewer    the small merges again once all but ``--fewer-workers`` workers have stopped: more workers must never
+           merge fewer a minute than fewer workers.
 
 Every job must succeed and every table must hold the rows its merges wrote (checked with deltalake): a fast wrong
 answer fails the bench (exit 1). Targets are printed PASS or MISS, never failed. The mean of each job's
@@ -294,6 +296,11 @@ def report(runs: dict[str, RunFigures], args: argparse.Namespace) -> list[str]:
         p95 = percentile([j.wall for j in small], 95)
         beside = percentile([j.wall for j in runs["beside"].of("small")], 95)
         lines.append(target_line("small merges' p95 beside a large merge / without", beside / p95, 2.0, "x"))
+    if "fewer" in runs:
+        fewer = runs["fewer"]
+        fewer_rate = len(fewer.of("small")) / fewer.seconds * 60
+        what = f"merges per minute with {args.workers} workers / with {args.fewer_workers}"
+        lines.append(target_line(what, rate / fewer_rate, 1.0, "x", at_least=True))
     return lines
 
 
@@ -305,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--medium", type=int, default=5, help="1,000-row upserts into the medium table (0: none)")
     p.add_argument("--medium-rows", type=int, default=1_000_000)
     p.add_argument("--large-rows", type=int, default=5_000_000, help="the large table's rows (0: no 'beside' run)")
+    p.add_argument(
+        "--fewer-workers", type=int, default=1, help="workers of the 'fewer' run (0, or --workers or more: no such run)"
+    )
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
     p.add_argument("--out", type=Path, help="write the figures as JSON")
@@ -326,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                 ids = np.arange(0, 2 * args.large_rows, 2, dtype=np.int64)
                 write_deltalake(str(large), pa.table({"id": ids, "v": pa.array(["l"] * args.large_rows)}))
                 runs["beside"] = small_run(stack, "beside", args.merges, args.timeout, beside=large)
+            if 0 < args.fewer_workers < args.workers:
+                for worker in stack.workers[args.fewer_workers :]:
+                    worker.stop(60)
+                runs["fewer"] = small_run(stack, "fewer", args.merges, args.timeout)
+                print(f"fewer: {args.merges} merges in {runs['fewer'].seconds:.1f} s", flush=True)
             merged = [j.doc["target"] for r in runs.values() for j in r.jobs]
             check_tables(stack, {t: 3 + merged.count(str(t)) for t in stack.tables})
         finally:

@@ -1,0 +1,48 @@
+"""The throughput bench's short version: the same real processes (PostgreSQL, a Spark Connect server of its own,
+the API and two workers) at toy sizes, every run's jobs succeeded and every table checked by the bench itself,
+and every target printed PASS or MISS. ``python bench/throughput_bench.py`` runs the real sizes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.throughput_bench import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TARGETS = (
+    "medium merge engine p50",
+    "1-row merge into a small table, engine p50",
+    "first merge after ready / warm p50",
+    "CPU per 1-row merge",
+    "merges per minute (6 over 2 tables, 2 workers)",
+    "small merges' p95 beside a large merge / without",
+    "merges per minute with 2 workers / with 1",
+)
+
+
+def test_every_run_and_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "throughput.json"
+    argv = ["--tables", "2", "--merges", "6", "--workers", "2", "--fewer-workers", "1", "--medium", "1"]
+    argv += ["--medium-rows", "20000", "--large-rows", "20000", "--driver-memory", "1g", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    for target in TARGETS:
+        assert re.search(rf"^  (PASS|MISS)  {re.escape(target)}[^:\n]*: [0-9.]+", printed, re.MULTILINE), target
+    jobs = json.loads(out.read_text())
+    assert {run: len(docs) for run, docs in jobs.items()} == {
+        "first": 1,
+        "small": 6,
+        "medium": 1,
+        "beside": 7,  # the six small merges and the large one
+        "fewer": 6,
+    }
+    for docs in jobs.values():
+        for doc in docs:
+            assert doc["status"] == "succeeded"
+            timings = doc["timings"]
+            assert sum(timings.values()) > 0
