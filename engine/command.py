@@ -194,7 +194,11 @@ class MergeIntoCommand:
         else:
             added, cdc_files, removed = self._write(ctx)
             self._finish_metrics(snapshot, added, removed)
-        changed = m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
+        # As Delta's commitIfNeeded: a touched file is rewritten and committed even when no row of it changed
+        # (a match that no clause acts on, in a merge with more than MATCHED clauses).
+        changed = bool(added or removed or cdc_files or readded) or (
+            m["numTargetRowsUpdated"] + m["numTargetRowsDeleted"] + m["numTargetRowsInserted"] > 0
+        )
         version = None
         # As Delta does, the time is taken before the commit: the commit records it in operationMetrics.
         m["executionTimeMs"] = int((time.monotonic() - start) * 1000)

@@ -26,10 +26,10 @@ _SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 _ROWS = [{"id": 1, "v": "warm"}, {"id": 4, "v": "warm"}]
 
 
-def _upsert(target: Path, deletion_vectors: bool) -> MergeSpec:
+def _upsert(target: Path, deletion_vectors: bool, rows: list[dict[str, object]]) -> MergeSpec:
     return MergeSpec(
         target=str(target),
-        source=RowsSource(rows=_ROWS, schema="id BIGINT, v STRING"),
+        source=RowsSource(rows=rows, schema="id BIGINT, v STRING"),
         on="t.id = s.id",
         matched=(MergeClause("matched", UpdateAction(star=True)),),
         not_matched=(MergeClause("notMatched", InsertAction(star=True)),),
@@ -39,13 +39,25 @@ def _upsert(target: Path, deletion_vectors: bool) -> MergeSpec:
     )
 
 
-def warm_up(spark: SparkSession, scratch: Path) -> float:
+WARM_UP_ROUND_MERGES = 5
+"""Merges per round of the JIT's warm-up: each round's mean is compared with the one before."""
+
+WARM_UP_GAIN = 0.9
+"""A round must take at most this share of the round before it for the warm-up to go on: past that, the server's
+JIT has compiled what small merges run."""
+
+
+def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> float:
     """Upserts into two tables of three rows made under ``scratch`` (one with deletion vectors enabled), checks
-    that each updated one row and inserted one, then removes them; answers the seconds it took. ``scratch`` must
-    be a directory Spark can write to."""
+    that each updated one row and inserted one, then removes them; answers the seconds it took. Then, for up to
+    ``max_seconds``, rounds of small merges (an update, an insert past every file, a deletion-vector upsert) while
+    each round is clearly faster than the one before: the server's JIT compiles Spark's hot paths only after many
+    merges, and a server already warm stops after two rounds. ``scratch`` must be a directory Spark can write
+    to."""
     start = time.monotonic()
     base = scratch / f"warm-up-{uuid.uuid4().hex}"
     try:
+        targets = []
         for deletion_vectors in (False, True):
             target = base / ("dv" if deletion_vectors else "cow")
             write_deltalake(str(target), pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=_SCHEMA))
@@ -53,11 +65,36 @@ def warm_up(spark: SparkSession, scratch: Path) -> float:
                 table = DeltaTable(str(target))
                 table.alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
                 table.alter.set_table_properties({"delta.enableDeletionVectors": "true"})
-            result = run_merge(spark, _upsert(target, deletion_vectors)).result
+            result = run_merge(spark, _upsert(target, deletion_vectors, _ROWS)).result
             if (result["num_updated_rows"], result["num_inserted_rows"]) != (1, 1):
                 raise MergeExecutionError(f"The warm-up merge answered {result}, not one update and one insert.")
+            targets.append(target)
+        _warm_the_jit(spark, targets, start + max_seconds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         with contextlib.suppress(OSError):
             scratch.rmdir()  # only when no other worker's warm-up is using it
     return time.monotonic() - start
+
+
+def _warm_the_jit(spark: SparkSession, targets: list[Path], deadline: float) -> None:
+    """Rounds of WARM_UP_ROUND_MERGES small merges until one is not WARM_UP_GAIN faster than the one before, or
+    the deadline."""
+    cow, dv = targets
+    key = 100
+    previous = None
+    while time.monotonic() < deadline:
+        began = time.monotonic()
+        for i in range(WARM_UP_ROUND_MERGES):
+            key += 1
+            shapes = (
+                (cow, False, [{"id": 2, "v": f"w{key}"}]),  # a match: the single pass
+                (cow, False, [{"id": key, "v": "w"}]),  # a new key past every file: the inserts alone
+                (dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]),  # merge-on-read
+            )
+            target, deletion_vectors, rows = shapes[i % len(shapes)]
+            run_merge(spark, _upsert(target, deletion_vectors, rows))
+        took = time.monotonic() - began
+        if previous is not None and took > previous * WARM_UP_GAIN:
+            return
+        previous = took

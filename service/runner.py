@@ -94,6 +94,7 @@ class EngineRunner:
         self._probe_started: float | None = None
         self._answer: tuple[bool, str, float] | None = None
         self.warm_up_dir = warm_up_dir(settings)
+        self.warm_up_seconds = settings.warm_up_seconds
         self.warmed = threading.Event()
         """Set once the warm-up merge has run (or failed, or is not wanted): the worker claims jobs after it."""
         if not settings.warm_up:
@@ -200,7 +201,7 @@ class EngineRunner:
         spark = None
         try:
             spark = self.session()
-            seconds = engine.warm_up(spark, self.warm_up_dir)
+            seconds = engine.warm_up(spark, self.warm_up_dir, max_seconds=self.warm_up_seconds)
             log.info("warmed up with a throwaway merge", seconds=round(seconds, 3))
             if self.metrics is not None:
                 self.metrics.warm_up_seconds.set(seconds)

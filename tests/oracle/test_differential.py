@@ -16,7 +16,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
-from tests.engine.harness import find_plan, join_plan
+from tests.engine.harness import clause, find_plan, join_plan
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import ModelClause, merges, random_merge_settings, skippable_rows, to_arrow
 from tests.oracle.differential import assert_same, prepare_copies, run_delta, run_engine
@@ -90,3 +90,18 @@ def test_random_merges_match_delta(
         return
     assert_same(delta_spark, ours, theirs, columns, cdf=cdf)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_touched_file_no_clause_changes_is_committed_as_delta_does(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """With more than MATCHED clauses every match touches its file, even one no clause acts on: Delta rewrites the
+    file, copying its rows, and commits that (its commitIfNeeded), so the version moves though no row changed."""
+    clauses = [clause("matched", "delete", "s.v = 'never'"), clause("notMatched", "insert_all", "s.id > 100")]
+    ours, theirs, src = prepare_copies(tmp_path, TARGET, SOURCE)
+    run_engine(spark, ours, src, "t.id = s.id", clauses, ())
+    run_delta(delta_spark, theirs, src, "t.id = s.id", clauses)
+    assert ours.result is not None and ours.result["num_affected_rows"] == 0
+    assert ours.version == ours.start_version + 1
+    assert ours.metrics is not None and int(ours.metrics["numTargetRowsCopied"]) > 0
+    assert_same(delta_spark, ours, theirs, TARGET.column_names)
