@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -39,22 +40,27 @@ def _upsert(target: Path, deletion_vectors: bool, rows: list[dict[str, object]])
     )
 
 
-WARM_UP_ROUND_MERGES = 5
-"""Merges per round of the JIT's warm-up: each round's mean is compared with the one before."""
-
 WARM_UP_GAIN = 0.9
-"""A round must take at most this share of the round before it for the warm-up to go on: past that, the server's
-JIT has compiled what small merges run."""
+"""A round of the JIT's warm-up must take at most this share of the best round before it for the warm-up to go
+on: past that the server's JIT has compiled what small merges run, and what is left is noise."""
 
 
-def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> float:
+@dataclass(frozen=True)
+class WarmUp:
+    seconds: float
+    rounds: tuple[float, ...]
+    """The seconds each round of the JIT's warm-up took, in order."""
+
+
+def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> WarmUp:
     """Upserts into two tables of three rows made under ``scratch`` (one with deletion vectors enabled), checks
-    that each updated one row and inserted one, then removes them; answers the seconds it took. Then, for up to
+    that each updated one row and inserted one, then removes them. Then, for up to
     ``max_seconds``, rounds of small merges (an update, an insert past every file, a deletion-vector upsert) while
-    each round is clearly faster than the one before: the server's JIT compiles Spark's hot paths only after many
+    each round is clearly faster than the best before it: the server's JIT compiles Spark's hot paths only after many
     merges, and a server already warm stops after two rounds. ``scratch`` must be a directory Spark can write
     to."""
     start = time.monotonic()
+    rounds: list[float] = []
     base = scratch / f"warm-up-{uuid.uuid4().hex}"
     try:
         targets = []
@@ -69,32 +75,29 @@ def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> 
             if (result["num_updated_rows"], result["num_inserted_rows"]) != (1, 1):
                 raise MergeExecutionError(f"The warm-up merge answered {result}, not one update and one insert.")
             targets.append(target)
-        _warm_the_jit(spark, targets, start + max_seconds)
+        _warm_the_jit(spark, targets, start + max_seconds, rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         with contextlib.suppress(OSError):
             scratch.rmdir()  # only when no other worker's warm-up is using it
-    return time.monotonic() - start
+    return WarmUp(seconds=time.monotonic() - start, rounds=tuple(rounds))
 
 
-def _warm_the_jit(spark: SparkSession, targets: list[Path], deadline: float) -> None:
-    """Rounds of WARM_UP_ROUND_MERGES small merges until one is not WARM_UP_GAIN faster than the one before, or
-    the deadline."""
+def still_warming(rounds: list[float]) -> bool:
+    """Whether the last round was clearly faster than every round before it: the first round always is."""
+    return len(rounds) < 2 or rounds[-1] <= min(rounds[:-1]) * WARM_UP_GAIN
+
+
+def _warm_the_jit(spark: SparkSession, targets: list[Path], deadline: float, rounds: list[float]) -> None:
+    """Rounds of the same small merges, appended to ``rounds``, while ``still_warming`` and before the deadline.
+    Every round runs the same shapes, twice each, so that rounds compare."""
     cow, dv = targets
     key = 100
-    previous = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and still_warming(rounds):
         began = time.monotonic()
-        for i in range(WARM_UP_ROUND_MERGES):
+        for _ in range(2):
             key += 1
-            shapes = (
-                (cow, False, [{"id": 2, "v": f"w{key}"}]),  # a match: the single pass
-                (cow, False, [{"id": key, "v": "w"}]),  # a new key past every file: the inserts alone
-                (dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]),  # merge-on-read
-            )
-            target, deletion_vectors, rows = shapes[i % len(shapes)]
-            run_merge(spark, _upsert(target, deletion_vectors, rows))
-        took = time.monotonic() - began
-        if previous is not None and took > previous * WARM_UP_GAIN:
-            return
-        previous = took
+            run_merge(spark, _upsert(cow, False, [{"id": 2, "v": f"w{key}"}]))  # a match: the single pass
+            run_merge(spark, _upsert(cow, False, [{"id": key, "v": "w"}]))  # a new key past every file
+            run_merge(spark, _upsert(dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]))  # on read
+        rounds.append(time.monotonic() - began)

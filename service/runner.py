@@ -196,15 +196,19 @@ class EngineRunner:
                     threading.Thread(target=self._warm_up_once, name="spark-warm-up", daemon=True).start()
 
     def _warm_up_once(self) -> None:
-        """One throwaway merge; whatever its outcome the worker then takes jobs (a failure says so in the log, and
+        """The throwaway merges; whatever their outcome the worker then takes jobs (a failure says so in the log, and
         jobs run cold, failing as they would have if Spark is away)."""
         spark = None
         try:
             spark = self.session()
-            seconds = engine.warm_up(spark, self.warm_up_dir, max_seconds=self.warm_up_seconds)
-            log.info("warmed up with a throwaway merge", seconds=round(seconds, 3))
+            done = engine.warm_up(spark, self.warm_up_dir, max_seconds=self.warm_up_seconds)
+            log.info(
+                "warmed up with throwaway merges",
+                seconds=round(done.seconds, 3),
+                rounds=[round(r, 3) for r in done.rounds],
+            )
             if self.metrics is not None:
-                self.metrics.warm_up_seconds.set(seconds)
+                self.metrics.warm_up_seconds.set(done.seconds)
         except Exception as exc:
             message = engine_errors.spark_error_message(exc)
             if spark is not None and engine_spark.session_lost(spark, exc):

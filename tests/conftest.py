@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from pyspark.sql import SparkSession
 from engine.spark import configure_session
 from engine.spark_server import SparkProcess, start_connect_server, start_standalone_cluster
 from tests.oracle.fixtures import delta_spark, delta_spark_server
+
+# The suite's many worker starts take the warm-up's first merges but not its JIT rounds, which would add seconds to
+# each start on a server that is warm anyway; tests/service/test_warm_up.py runs the rounds.
+os.environ.setdefault("MERGE_SERVICE_WARM_UP_SECONDS", "0")
 
 # Session fixtures are one per place they are defined: Delta on Spark (a JVM of a minute's start and gigabytes of
 # heap) is offered here once, for tests/oracle, tests/e2e and the engine tests that check their tables with it.

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from structlog.testing import capture_logs
 
 import engine
+from engine.warm_start import still_warming
 from service.jobs import NewJob, Status
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
@@ -122,6 +124,41 @@ def test_the_scratch_directory_is_under_the_first_lake_root_unless_set(tmp_path:
 
 
 def test_the_engine_warm_up_merges_both_ways(spark: object, tmp_path: Path) -> None:
-    seconds = engine.warm_up(spark, tmp_path / "scratch")  # type: ignore[arg-type]
-    assert seconds > 0
+    done = engine.warm_up(spark, tmp_path / "scratch")  # type: ignore[arg-type]
+    assert done.seconds > 0
+    assert done.rounds == ()  # no time given for the JIT's rounds: the first merges only
     assert not (tmp_path / "scratch").exists()
+
+
+def test_the_jit_rounds_go_on_while_each_is_clearly_faster_than_the_best_before() -> None:
+    assert still_warming([])
+    assert still_warming([9.0])
+    assert still_warming([9.0, 5.0])
+    assert still_warming([9.0, 5.0, 4.4])
+    assert not still_warming([9.0, 5.0, 4.6])  # 4.6 > 0.9 * 5.0: what is left is noise
+    assert not still_warming([3.0, 3.1])  # a server already warm: two rounds
+    assert not still_warming([9.0, 4.0, 6.0])  # slower than the best: over
+
+
+def test_on_a_warm_server_the_jit_rounds_end_by_themselves(spark: object, tmp_path: Path) -> None:
+    """The suite's server has run merges already: the rounds stop when they stop getting faster, long before the
+    time allowed, and leave nothing behind."""
+    engine.warm_up(spark, tmp_path / "scratch")  # type: ignore[arg-type]
+    done = engine.warm_up(spark, tmp_path / "scratch", max_seconds=600)  # type: ignore[arg-type]
+    assert len(done.rounds) >= 2
+    assert not still_warming(list(done.rounds))  # ended by the rule, not by the time
+    assert done.seconds < 600
+    assert not (tmp_path / "scratch").exists()
+
+
+def test_the_runner_gives_the_rounds_the_time_its_settings_allow(spark_remote: str, tmp_path: Path, lake: Path) -> None:
+    runner = EngineRunner(_settings(tmp_path, lake, spark_remote, warm_up_seconds=600), ServiceMetrics())
+    try:
+        with capture_logs() as logs:
+            runner.warm_up()
+            assert runner.warmed.wait(600)
+    finally:
+        runner.close()
+    (said,) = [entry for entry in logs if entry["event"] == "warmed up with throwaway merges"]
+    assert len(said["rounds"]) >= 2 and 0 < said["seconds"] < 600
+    assert os.listdir(lake) == []
