@@ -63,7 +63,7 @@ class AppTransaction:
 @dataclass(frozen=True)
 class MergeResult:
     table_version: int | None
-    """The version this merge committed; None for a dry run or a merge that changed nothing."""
+    """The version this merge committed; None for a dry run or a merge that touched no file (nothing to commit)."""
     result: dict[str, int]
     """MergeIntoCommand's output row: num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows."""
     metrics: dict[str, int] = field(default_factory=dict)
