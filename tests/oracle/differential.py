@@ -120,6 +120,14 @@ def run_delta(delta_spark: SparkSession, side: Side, source: Path, on: str, clau
     _committed(side, before)
 
 
+_ENABLED_BY = {
+    "delta.enableChangeDataFeed": TableFeatures.ChangeDataFeed,
+    "delta.enableDeletionVectors": TableFeatures.DeletionVectors,
+    "delta.appendOnly": TableFeatures.AppendOnly,
+}
+"""Table properties that enable a table feature, and the feature."""
+
+
 def prepare_copies(
     tmp: Path,
     target: pa.Table,
@@ -133,7 +141,11 @@ def prepare_copies(
     start from the same files."""
     ours = write_table(tmp / "ours", target, partition_by=partition_by, configuration=configuration)
     if features:
-        DeltaTable(str(ours)).alter.add_feature(list(features), allow_protocol_versions_increase=True)
+        # Adding a feature moves the protocol to table features, where deltalake lists only what it is given:
+        # the features the configuration enables are listed too, or Delta refuses the table (metadata enables
+        # a feature its protocol does not list).
+        implied = [f for key, f in _ENABLED_BY.items() if (configuration or {}).get(key) == "true"]
+        DeltaTable(str(ours)).alter.add_feature([*implied, *features], allow_protocol_versions_increase=True)
     theirs = tmp / "theirs"
     shutil.copytree(ours, theirs)
     start = latest_version(ours)

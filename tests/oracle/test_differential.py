@@ -105,3 +105,16 @@ def test_a_touched_file_no_clause_changes_is_committed_as_delta_does(
     assert ours.version == ours.start_version + 1
     assert ours.metrics is not None and int(ours.metrics["numTargetRowsCopied"]) > 0
     assert_same(delta_spark, ours, theirs, TARGET.column_names)
+
+
+@pytest.mark.parametrize("pair", list(itertools.combinations(sorted(RANDOM_FEATURES), 2)), ids="+".join)
+def test_every_pair_of_random_features_makes_a_table_delta_merges(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, pair: tuple[str, str]
+) -> None:
+    """The random merges draw up to two features: each pair gives a table both engines take, and agree on."""
+    configuration = {k: v for name in pair for k, v in RANDOM_FEATURES[name][0].items()}
+    features = [f for name in pair for f in RANDOM_FEATURES[name][1]]
+    ours, theirs, src = prepare_copies(tmp_path, TARGET, SOURCE, configuration=configuration, features=features)
+    run_engine(spark, ours, src, "t.id = s.id", CASES["upsert"], ())
+    run_delta(delta_spark, theirs, src, "t.id = s.id", CASES["upsert"])
+    assert_same(delta_spark, ours, theirs, TARGET.column_names, cdf="changeDataFeed" in pair)
