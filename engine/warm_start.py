@@ -54,11 +54,10 @@ class WarmUp:
 
 def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> WarmUp:
     """Upserts into two tables of three rows made under ``scratch`` (one with deletion vectors enabled), checks
-    that each updated one row and inserted one, then removes them. Then, for up to
-    ``max_seconds``, rounds of small merges (an update, an insert past every file, a deletion-vector upsert) while
-    each round is clearly faster than the best before it: the server's JIT compiles Spark's hot paths only after many
-    merges, and a server already warm stops after two rounds. ``scratch`` must be a directory Spark can write
-    to."""
+    that each updated one row and inserted one, then, for up to ``max_seconds``, runs rounds of small merges (an
+    update, an insert past every file, a deletion-vector upsert) while each round is clearly faster than the best
+    before it: the server's JIT compiles Spark's hot paths only after many merges, and a server already warm stops
+    after two rounds. The tables are removed at the end. ``scratch`` must be a directory Spark can write to."""
     start = time.monotonic()
     rounds: list[float] = []
     base = scratch / f"warm-up-{uuid.uuid4().hex}"
