@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable, TableFeatures, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from engine.command import run_merge
+from engine.delta.feature_upgrade import add_features
 from engine.errors import MergeExecutionError
 from engine.spec import InsertAction, MergeClause, MergeSpec, RowsSource, UpdateAction
 
@@ -67,9 +68,8 @@ def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> 
             target = base / ("dv" if deletion_vectors else "cow")
             write_deltalake(str(target), pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=_SCHEMA))
             if deletion_vectors:
-                table = DeltaTable(str(target))
-                table.alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
-                table.alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+                add_features(target, ["deletionVectors"])
+                DeltaTable(str(target)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
             result = run_merge(spark, _upsert(target, deletion_vectors, _ROWS)).result
             if (result["num_updated_rows"], result["num_inserted_rows"]) != (1, 1):
                 raise MergeExecutionError(f"The warm-up merge answered {result}, not one update and one insert.")

@@ -52,11 +52,13 @@ def enable_deletion_vectors(base: Path, dest: Path) -> None:
     """A copy of ``base`` with the deletionVectors feature (reader 3 / writer 7) and
     ``delta.enableDeletionVectors = true``, as Databricks creates tables: the same files, no vector yet; a
     merge-on-read writer gives the files it touches vectors."""
-    from deltalake import DeltaTable, TableFeatures
+    from deltalake import DeltaTable
+
+    from engine.delta.feature_upgrade import add_features
 
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(base, dest)
-    DeltaTable(str(dest)).alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
+    add_features(dest, ["deletionVectors"])
     DeltaTable(str(dest)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
 
 

@@ -105,6 +105,90 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     return used
 
 
+_ALSO_LISTED_AS = {"typeWidening": {"typeWidening-preview"}, "variantType": {"variantType-preview"}}
+"""A feature whose preview name in ``writerFeatures`` serves as well (Delta accepts either)."""
+
+_ENABLED_BY_PROPERTY = (
+    ("delta.appendOnly", "appendOnly"),
+    ("delta.enableChangeDataFeed", "changeDataFeed"),
+    ("delta.enableDeletionVectors", "deletionVectors"),
+    ("delta.enableRowTracking", "rowTracking"),
+    ("delta.enableInCommitTimestamps", "inCommitTimestamp"),
+    ("delta.enableTypeWidening", "typeWidening"),
+    ("delta.enableIcebergCompatV1", "icebergCompatV1"),
+    ("delta.enableIcebergCompatV2", "icebergCompatV2"),
+)
+
+
+def metadata_requires_features(metadata: Metadata) -> dict[str, str]:
+    """The features Delta enables automatically for this metadata (``FeatureAutomaticallyEnabledByMetadata``),
+    each with the evidence: a table-features protocol must list every one of them."""
+    required: dict[str, str] = {}
+    for key, name in _ENABLED_BY_PROPERTY:
+        if _is_true(metadata.configuration, key):
+            required[name] = f"{key} = true"
+    used = features_in_use(metadata)
+    for name in (
+        "checkConstraints",
+        "columnMapping",
+        "v2Checkpoint",
+        "invariants",
+        "generatedColumns",
+        "identityColumns",
+        "variantType",
+    ):
+        if name in used:
+            required.setdefault(name, used[name])
+    if has_type(metadata.schema_string, "timestamp_ntz"):
+        required["timestampNtz"] = "a TIMESTAMP_NTZ column"
+    return required
+
+
+def has_type(schema_string: str, name: str) -> bool:
+    """Whether a primitive type (``timestamp_ntz``) appears anywhere in the schema, nested types included."""
+
+    def walk(dtype: Any) -> bool:
+        if isinstance(dtype, str):
+            return dtype == name
+        if not isinstance(dtype, Mapping):
+            return False
+        kind = dtype.get("type")
+        if kind == "struct":
+            return any(walk(f.get("type")) for f in dtype.get("fields", []))
+        if kind == "array":
+            return walk(dtype.get("elementType"))
+        if kind == "map":
+            return walk(dtype.get("keyType")) or walk(dtype.get("valueType"))
+        return False
+
+    try:
+        return walk(json.loads(schema_string))
+    except ValueError:
+        return False
+
+
+def check_protocol_lists_metadata_features(protocol: Protocol, metadata: Metadata, suffix: str = "") -> None:
+    """Delta's ``assertTableFeaturesMatchMetadata``: with a table-features protocol (reader 3 or writer 7), a
+    feature the metadata enables but ``writerFeatures`` does not list makes the table inconsistent; Delta refuses
+    to load it (``DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH``), and so does this engine."""
+    if protocol.min_reader_version < 3 and protocol.min_writer_version < 7:
+        return
+    listed = set(protocol.writer_features or ())
+    missing = {
+        name: evidence
+        for name, evidence in metadata_requires_features(metadata).items()
+        if not ({name} | _ALSO_LISTED_AS.get(name, set())) & listed
+    }
+    if missing:
+        named = ", ".join(f"{name!r} ({evidence})" for name, evidence in sorted(missing.items()))
+        raise UnsupportedTableFeatureError(
+            f"Table metadata enables Delta features its protocol does not list in writerFeatures: {named}. Delta "
+            f"refuses such a table (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH) and so does this engine; add the "
+            f"features to the protocol (ALTER TABLE ... SET TBLPROPERTIES ('delta.feature.<name>' = 'supported')) "
+            f"or turn the property off{suffix}"
+        )
+
+
 def protocol_features(protocol: Protocol) -> set[str]:
     """Features a protocol enables: the explicit lists (reader 3 / writer 7) or those legacy versions imply."""
     features: set[str] = set(protocol.reader_features or ()) | set(protocol.writer_features or ())
@@ -158,6 +242,7 @@ def _check_features(protocol: Protocol, metadata: Metadata, suffix: str, *, writ
     """Refuse, naming it, the first feature the table uses or its protocol lists that the operation cannot
     honour: used features first (they say what in the table uses them), then the protocol's list."""
     verb = "merge into" if writing else "read"
+    check_protocol_lists_metadata_features(protocol, metadata, suffix)
     unknown_mode = check_mode(metadata.configuration)
     if unknown_mode:
         raise UnsupportedTableFeatureError(f"Table uses an unknown column mapping mode: {unknown_mode}{suffix}")

@@ -187,6 +187,10 @@ def _open_table(root: str, version: int | None) -> DeltaTable:
                 f"Table protocol requires Delta feature {name!r}, which this engine does not implement: it "
                 f"cannot read such a table ({root}). {row.notes if row else 'The engine does not know the feature.'}"
             ) from exc
+        if "Unsupported:" in str(exc):
+            # deltalake's kernel refusing a table its protocol does not allow (a TIMESTAMP_NTZ column without the
+            # timestampNtz feature): the table is at fault, not the service.
+            raise UnsupportedTableFeatureError(f"Cannot read table {root}: {exc}") from exc
         if version is not None and "version" in str(exc).lower():
             raise TableNotFoundError(f"Table {root} has no version {version}: {exc}") from exc
         raise DeltaError(f"Cannot read table {root}: {exc}") from exc

@@ -47,7 +47,13 @@ from engine.delta.actions import (
 from engine.delta.column_mapping import has_physical_names, rename_partition_values, rename_stats
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError, ConcurrentDomainMetadataError
-from engine.delta.features import check_can_modify, check_protocol_and_metadata, check_supported, features_in_use
+from engine.delta.features import (
+    check_can_modify,
+    check_protocol_and_metadata,
+    check_supported,
+    features_in_use,
+    has_type,
+)
 from engine.delta.skipping import FilePredicate
 from engine.delta.snapshot import Snapshot
 from engine.delta.storage import CommitOutcomeUnknown, Storage
@@ -207,7 +213,7 @@ class Transaction:
                 raise DeltaError("Changing partition columns is not supported")
             protocol = new_protocol or self.snapshot.protocol
             check_protocol_and_metadata(protocol, meta, where="new metadata")
-            if "timestamp_ntz" in meta.schema_string and "timestampNtz" not in (protocol.writer_features or ()):
+            if has_type(meta.schema_string, "timestamp_ntz") and "timestampNtz" not in (protocol.writer_features or ()):
                 raise UnsupportedTableFeatureError(
                     "A TIMESTAMP_NTZ column needs the timestampNtz table feature, which this table lacks"
                 )

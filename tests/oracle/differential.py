@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.table import TableFeatures
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from engine import DeleteAction, InsertAction, MergeClause, MergeResult, run_merge
+from engine.delta.feature_upgrade import add_features
 from engine.errors import MultipleMatchError
 from tests.engine.harness import make_spec, write_table
 from tests.oracle.tables import commit_info, latest_version, table_ref
@@ -120,14 +119,6 @@ def run_delta(delta_spark: SparkSession, side: Side, source: Path, on: str, clau
     _committed(side, before)
 
 
-_ENABLED_BY = {
-    "delta.enableChangeDataFeed": TableFeatures.ChangeDataFeed,
-    "delta.enableDeletionVectors": TableFeatures.DeletionVectors,
-    "delta.appendOnly": TableFeatures.AppendOnly,
-}
-"""Table properties that enable a table feature, and the feature."""
-
-
 def prepare_copies(
     tmp: Path,
     target: pa.Table,
@@ -135,17 +126,13 @@ def prepare_copies(
     *,
     partition_by: Sequence[str] | None = None,
     configuration: dict[str, str] | None = None,
-    features: Sequence[TableFeatures] = (),
+    features: Sequence[str] = (),
 ) -> tuple[Side, Side, Path]:
-    """The target written once (by deltalake, ``features`` then added to its protocol) and copied, so both merges
-    start from the same files."""
+    """The target written once (by deltalake, Delta's ``features`` then added to its protocol with those its
+    configuration enables) and copied, so both merges start from the same files."""
     ours = write_table(tmp / "ours", target, partition_by=partition_by, configuration=configuration)
     if features:
-        # Adding a feature moves the protocol to table features, where deltalake lists only what it is given:
-        # the features the configuration enables are listed too, or Delta refuses the table (metadata enables
-        # a feature its protocol does not list).
-        implied = [f for key, f in _ENABLED_BY.items() if (configuration or {}).get(key) == "true"]
-        DeltaTable(str(ours)).alter.add_feature([*implied, *features], allow_protocol_versions_increase=True)
+        add_features(ours, features)
     theirs = tmp / "theirs"
     shutil.copytree(ours, theirs)
     start = latest_version(ours)

@@ -11,23 +11,28 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 from deltalake.table import TableFeatures
 from hypothesis import given, note
 from hypothesis import strategies as st
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from tests.engine.harness import clause, find_plan, join_plan
+from engine import run_merge
+from engine.errors import UnsupportedTableFeatureError
+from tests.engine.harness import clause, find_plan, join_plan, make_spec
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import ModelClause, merges, random_merge_settings, skippable_rows, to_arrow
-from tests.oracle.differential import assert_same, prepare_copies, run_delta, run_engine
+from tests.oracle.differential import assert_same, merge_sql, prepare_copies, run_delta, run_engine
+from tests.oracle.tables import latest_version
 
 EXAMPLES = int(os.environ.get("MERGE_DELTA_RANDOM_EXAMPLES", "10"))
 CDF = {"delta.enableChangeDataFeed": "true"}
 
-RANDOM_FEATURES: dict[str, tuple[dict[str, str], tuple[TableFeatures, ...]]] = {
+RANDOM_FEATURES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "changeDataFeed": (CDF, ()),
     "deletionVectors": ({"delta.enableDeletionVectors": "true"}, ()),
-    "v2Checkpoint": ({"delta.checkpointInterval": "2"}, (TableFeatures.V2Checkpoint,)),
+    "v2Checkpoint": ({"delta.checkpointInterval": "2"}, ("v2Checkpoint",)),
 }
 """Table features the engine merges into that deltalake can give a table: the properties and protocol features
 each adds. v2Checkpoint comes with a checkpoint every other version, so the engine's merge writes one."""
@@ -118,3 +123,22 @@ def test_every_pair_of_random_features_makes_a_table_delta_merges(
     run_engine(spark, ours, src, "t.id = s.id", CASES["upsert"], ())
     run_delta(delta_spark, theirs, src, "t.id = s.id", CASES["upsert"])
     assert_same(delta_spark, ours, theirs, TARGET.column_names, cdf="changeDataFeed" in pair)
+
+
+def test_a_table_whose_protocol_lacks_a_feature_its_metadata_enables_is_refused_by_both(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """deltalake's add_feature alone leaves a Change Data Feed table's protocol without changeDataFeed: Delta
+    refuses to merge into it (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH) and so does the engine, naming the
+    feature; neither commits."""
+    ours, theirs, src = prepare_copies(tmp_path, TARGET, SOURCE, configuration=CDF)
+    for side in (ours, theirs):
+        DeltaTable(str(side.path)).alter.add_feature(
+            [TableFeatures.DeletionVectors], allow_protocol_versions_increase=True
+        )
+    start = latest_version(ours.path)
+    with pytest.raises(PySparkException, match="DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH"):
+        delta_spark.sql(merge_sql(theirs.path, src, "t.id = s.id", CASES["upsert"])).collect()
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'changeDataFeed'.*DELTA_FEATURES_PROTOCOL_METADATA"):
+        run_merge(spark, make_spec(ours.path, src, "t.id = s.id", CASES["upsert"]))
+    assert latest_version(ours.path) == latest_version(theirs.path) == start

@@ -24,15 +24,14 @@ from engine.delta.deletion_vectors import (
     read_deletion_vector,
     write_deletion_vector_file,
 )
+from engine.delta.feature_upgrade import add_features
 
 
 def enable_deletion_vectors(path: str | Path) -> None:
-    """Add the deletionVectors feature (reader 3 / writer 7) and ``delta.enableDeletionVectors`` with deltalake."""
-    from deltalake import TableFeatures
-
-    table = DeltaTable(str(path))
-    if "deletionVectors" not in (table.protocol().reader_features or []):
-        table.alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
+    """Add the deletionVectors feature (reader 3 / writer 7, listing the features the metadata enables too) and
+    ``delta.enableDeletionVectors`` with deltalake."""
+    if "deletionVectors" not in (DeltaTable(str(path)).protocol().reader_features or []):
+        add_features(path, ["deletionVectors"])
     DeltaTable(str(path)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
 
 

@@ -14,6 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 from engine.delta import Protocol, Transaction, check_can_modify, check_readable, check_supported, load_snapshot
 from engine.delta.deletion_vectors import inline_descriptor
 from engine.delta.feature_table import FEATURES, READER_WRITER, Support, markdown
+from engine.delta.feature_upgrade import add_features
 from engine.delta.features import check_protocol_and_metadata, main
 from engine.errors import AppendOnlyTableError, UnsupportedTableFeatureError
 
@@ -281,3 +282,86 @@ def test_deletion_vectors_on_files_are_read(lake: Path) -> None:
     snapshot = load_snapshot(path)
     check_supported(snapshot)  # the scans drop the deleted rows (test_deletion_vectors.py)
     assert snapshot.files[0].num_live_records == 1
+
+
+@pytest.mark.parametrize(
+    ("configuration", "schema_field", "feature"),
+    [
+        ({"delta.enableChangeDataFeed": "true"}, None, "changeDataFeed"),
+        ({"delta.appendOnly": "true"}, None, "appendOnly"),
+        ({"delta.enableDeletionVectors": "true"}, None, "deletionVectors"),
+        ({"delta.constraints.positive": "id > 0"}, None, "checkConstraints"),
+        ({}, {"delta.generationExpression": "id + 1"}, "generatedColumns"),
+    ],
+)
+def test_a_feature_the_metadata_enables_but_the_protocol_does_not_list_is_refused(
+    lake: Path, configuration: dict[str, str], schema_field: dict[str, Any] | None, feature: str
+) -> None:
+    """Delta's assertTableFeaturesMatchMetadata: a table-features protocol must list what the metadata enables,
+    or Delta refuses to load the table (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH); reading and merging both."""
+    schema = _schema(**schema_field) if schema_field else None
+    path = _hand_made(lake, _features("domainMetadata"), configuration=configuration, schema=schema)
+    snapshot = load_snapshot(path)
+    for check in (check_supported, check_readable):
+        with pytest.raises(UnsupportedTableFeatureError, match=rf"'{feature}'.*DELTA_FEATURES_PROTOCOL_METADATA"):
+            check(snapshot)
+    reader = (feature,) if feature == "deletionVectors" else ()
+    listed = load_snapshot(
+        _hand_made(
+            lake, _features("domainMetadata", feature, reader=reader), configuration=configuration, schema=schema
+        )
+    )
+    assert feature not in str(_refusal(listed))
+
+
+def _refusal(snapshot: Any) -> str:
+    try:
+        check_readable(snapshot)
+    except UnsupportedTableFeatureError as exc:
+        return str(exc)
+    return ""
+
+
+def test_legacy_protocols_imply_what_the_metadata_enables(lake: Path) -> None:
+    """Writer version 4 carries changeDataFeed without a list: nothing is missing there."""
+    path = _hand_made(lake, _legacy(4), configuration={"delta.enableChangeDataFeed": "true"})
+    check_supported(load_snapshot(path))
+
+
+def test_preview_names_serve_and_a_column_named_like_a_type_is_not_that_type(lake: Path) -> None:
+    widening = _hand_made(
+        lake,
+        _features("typeWidening-preview", reader=("typeWidening-preview",)),
+        configuration={"delta.enableTypeWidening": "true"},
+    )
+    check_readable(load_snapshot(widening))
+    named = json.dumps(
+        {"type": "struct", "fields": [{"name": "timestamp_ntz", "type": "long", "nullable": True, "metadata": {}}]}
+    )
+    check_supported(load_snapshot(_hand_made(lake, _features("domainMetadata"), schema=named)))
+    ntz = json.dumps(
+        {
+            "type": "struct",
+            "fields": [
+                {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+                {
+                    "name": "ts",
+                    "type": {"type": "array", "elementType": "timestamp_ntz", "containsNull": True},
+                    "nullable": True,
+                    "metadata": {},
+                },
+            ],
+        }
+    )
+    with pytest.raises(UnsupportedTableFeatureError, match="timestampNtz"):
+        check_readable(load_snapshot(_hand_made(lake, _features("domainMetadata"), schema=ntz)))
+
+
+def test_add_features_lists_what_the_metadata_enables(lake: Path) -> None:
+    """deltalake's add_feature lists only what it is given; add_features keeps the table one Delta loads."""
+    path = lake / "cdf"
+    write_deltalake(str(path), DATA, configuration={"delta.enableChangeDataFeed": "true"})
+    add_features(path, ["deletionVectors"])
+    protocol = DeltaTable(str(path)).protocol()
+    assert {"changeDataFeed", "deletionVectors"} <= set(protocol.writer_features or ())
+    check_supported(load_snapshot(str(path)))

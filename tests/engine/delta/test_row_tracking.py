@@ -100,7 +100,9 @@ def _marks(actions: list[dict[str, Any]]) -> list[int]:
 @pytest.mark.parametrize("feature", ["rowTracking", "domainMetadata", "clustering", "inCommitTimestamp"])
 def test_the_protocol_gate_accepts_the_features(lake: Path, feature: str) -> None:
     snapshot = delta.load_snapshot(str(_table(lake)))
-    protocol = delta.Protocol(3, 7, (), ("appendOnly", "domainMetadata", feature))
+    # The table's metadata enables row tracking and in-commit timestamps, which its protocol must list (Delta
+    # refuses it otherwise).
+    protocol = delta.Protocol(3, 7, (), ("appendOnly", "domainMetadata", "rowTracking", "inCommitTimestamp", feature))
     check_protocol_and_metadata(protocol, snapshot.metadata)
 
 
