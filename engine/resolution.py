@@ -32,13 +32,7 @@ from engine.identity_values import identity_values
 from engine.merge_condition import MergeCondition
 from engine.schema_evolution import evolved_schema
 from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
-from engine.store_assignment import (
-    can_ansi_cast,
-    needs_struct_by_name,
-    sql_string,
-    sql_type,
-    struct_by_name,
-)
+from engine.store_assignment import sql_string, sql_type, stored_columns, stored_sql
 from engine.validation import ParsedMerge, check_scope, clause_where
 
 
@@ -268,7 +262,11 @@ class Resolver:
                 )
             condition = F.expr(cond_sql)
         value_types = types[1:] if cond_sql is not None else types
-        columns = None if values is None else self._stored_columns(values, value_types, out_fields, where)
+        columns = (
+            None
+            if values is None
+            else stored_columns(values, value_types, out_fields, where, schema_evolution=self.spec.schema_evolution)
+        )
         return ResolvedClause(clause=clause, index=index, condition=condition, condition_sql=cond_sql, values=columns)
 
     def _clause_values(
@@ -354,28 +352,6 @@ class Resolver:
             return (self._scoped_sql(assigned[key], ctype, f"{where}.{field_name}.{f.name}"), True)
         return None
 
-    def _stored_columns(
-        self, values: list[tuple[str, bool]], types: list[DataType], out_fields: list[StructField], where: str
-    ) -> list[Column]:
-        """Each value as its column's type stores it."""
-        columns = []
-        for f, (text, check), vtype in zip(out_fields, values, types, strict=True):
-            # A kept target value (unchecked) misses only the fields schema evolution added.
-            columns.append(
-                F.expr(
-                    self._stored(
-                        text,
-                        vtype,
-                        f.dataType,
-                        where,
-                        f"column {f.name}",
-                        allow_missing=self.spec.schema_evolution or not check,
-                        check=check,
-                    )
-                )
-            )
-        return columns
-
     def _generated_sql(
         self, expression: str, out_fields: list[StructField], values: list[tuple[str, bool]], where: str
     ) -> str:
@@ -389,31 +365,6 @@ class Resolver:
             return node
 
         return sql(parse_expression(expression, where).transform(visit))
-
-    def _stored(
-        self,
-        text: str,
-        vtype: DataType,
-        target: DataType,
-        where: str,
-        what: str,
-        *,
-        allow_missing: bool,
-        check: bool = True,
-    ) -> str:
-        """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
-        rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off)."""
-        if needs_struct_by_name(vtype, target):
-            return struct_by_name(text, vtype, target, allow_missing=allow_missing, where=f"{where} {what}")
-        if vtype == target:
-            return text
-        if check and not can_ansi_cast(vtype, target):
-            raise MergeResolutionError(
-                f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}): "
-                f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
-                field=where,
-            )
-        return f"CAST(({text}) AS {sql_type(target)})"
 
     def _nested_update_sql(self, column: StructField, tree: dict[str, Any], clause_type: str, where: str) -> str:
         """UPDATE SET of fields inside a struct column (Delta's nested assignment): the column rebuilt with the
@@ -443,7 +394,7 @@ class Resolver:
                     value = build(kept, f.dataType, sub)  # type: ignore[arg-type]
                 elif sub is not None:
                     leaf_where, text = next(texts)
-                    value = self._stored(
+                    value = stored_sql(
                         text, next(types), f.dataType, leaf_where, "the field", allow_missing=self.spec.schema_evolution
                     )
                 else:

@@ -1,8 +1,11 @@
 """Storing a value of one type into a column of another, as Delta's MERGE does under Spark's ANSI store
-assignment policy: which casts are allowed, and structs paired by field name."""
+assignment policy: which casts are allowed, structs paired by field name, and the SQL that stores a clause's
+values in their columns."""
 
 from __future__ import annotations
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -13,6 +16,7 @@ from pyspark.sql.types import (
     NullType,
     NumericType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
@@ -159,3 +163,56 @@ def struct_by_name(
             field=where,
         )
     return text
+
+
+def stored_columns(
+    values: list[tuple[str, bool]],
+    types: list[DataType],
+    out_fields: list[StructField],
+    where: str,
+    *,
+    schema_evolution: bool,
+) -> list[Column]:
+    """Each of a clause's values (SQL, and whether it is an assignment to check) as its column's type stores it."""
+    columns = []
+    for f, (text, check), vtype in zip(out_fields, values, types, strict=True):
+        # A kept target value (unchecked) misses only the fields schema evolution added.
+        columns.append(
+            F.expr(
+                stored_sql(
+                    text,
+                    vtype,
+                    f.dataType,
+                    where,
+                    f"column {f.name}",
+                    allow_missing=schema_evolution or not check,
+                    check=check,
+                )
+            )
+        )
+    return columns
+
+
+def stored_sql(
+    text: str,
+    vtype: DataType,
+    target: DataType,
+    where: str,
+    what: str,
+    *,
+    allow_missing: bool,
+    check: bool = True,
+) -> str:
+    """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
+    rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off)."""
+    if needs_struct_by_name(vtype, target):
+        return struct_by_name(text, vtype, target, allow_missing=allow_missing, where=f"{where} {what}")
+    if vtype == target:
+        return text
+    if check and not can_ansi_cast(vtype, target):
+        raise MergeResolutionError(
+            f"{where}: cannot assign {text!r} ({vtype.simpleString()}) to {what} ({target.simpleString()}): "
+            f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
+            field=where,
+        )
+    return f"CAST(({text}) AS {sql_type(target)})"
