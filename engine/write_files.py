@@ -124,6 +124,11 @@ def _project(
 
 _ROW_INDEXES = "_row_indexes_"
 
+ONE_FILE_ROWS = 100_000
+"""A deletion-vector merge that writes at most this many rows (updates, inserts, change rows) writes them as one
+file: else each touched file's few changed rows become a file of their own, and every later merge has to scan and
+touch that trail of tiny files (Delta's adaptive plan coalesces such a small write to one task, too)."""
+
 MODIFYING_ACTIONS = (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE)
 """The actions whose target row leaves its file: marked deleted in the file's deletion vector."""
 
@@ -161,7 +166,10 @@ def write_changes_with_deletion_vectors(
         added: list[AddFile] = []
         cdc_files: list[AddCDCFile] = []
         if writes_rows:
-            added, cdc_files = write_output(ctx, projected, preimages, dedup_columns, write_id=write_id, copies=False)
+            changed = sum(n for code, n in counts.items() if code != COPY)
+            # The output is cached: one task reads it back without running the join again.
+            rows = projected.coalesce(1) if changed <= ONE_FILE_ROWS else projected
+            added, cdc_files = write_output(ctx, rows, preimages, dedup_columns, write_id=write_id, copies=False)
     finally:
         projected.unpersist()
     return added, cdc_files, counts, deleted

@@ -100,6 +100,8 @@ def test_upsert_writes_deletion_vectors(spark: SparkSession, lake: Path, plan: s
     assert pa.RecordBatchReader.from_stream(DeltaTable(str(target)).deletion_vectors()).read_all().num_rows == 2
     new_files = [a for a in adds if "deletionVector" not in a]
     assert sum(json.loads(a["stats"])["numRecords"] for a in new_files) == len(ids)  # no copied row written
+    # The few changed rows (updates out of two files, and the inserts) make one file, not one per touched file.
+    assert len(new_files) == 1
     m = result.metrics
     assert m["numTargetRowsUpdated"] == 3 and m["numTargetRowsInserted"] == 2
     assert m["numTargetRowsCopied"] == 0
@@ -132,6 +134,25 @@ def test_delete_only_writes_no_data_file(spark: SparkSession, lake: Path) -> Non
     assert result.metrics["numTargetFilesAdded"] == 0
     assert result.metrics["numTargetRowsDeleted"] == 3
     assert result.metrics["numTargetDeletionVectorsAdded"] == 2
+
+
+def test_partitioned_upsert_writes_one_file_per_partition(spark: SparkSession, lake: Path) -> None:
+    """The few changed rows go to one task, which still writes each partition value its own file."""
+    target = lake / "partitioned"
+    data = _rows(list(range(200)), "t").append_column("p", pa.array(["a", "b"] * 100))
+    write_deltalake(str(target), data, partition_by=["p"])
+    enable_deletion_vectors(target)
+    live = _live(target)
+    ids = [2, 3, 150, 151, 500, 501]
+    source = write_table(lake / "source", _rows(ids, "s").append_column("p", pa.array(["a", "b"] * 3)))
+    spec = make_spec(
+        target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+    )
+    result = run_merge(spark, spec)
+    assert _live(target) == {**live, **{i: (i, f"s{i}", i) for i in ids}}
+    new_files = [a["add"] for a in _commit(target) if "add" in a and "deletionVector" not in a["add"]]
+    assert sorted(a["partitionValues"]["p"] for a in new_files) == ["a", "b"]
+    assert result.metrics["numTargetFilesAdded"] == 2 and result.metrics["numTargetRowsCopied"] == 0
 
 
 def test_file_whose_rows_are_all_deleted_is_removed(spark: SparkSession, lake: Path) -> None:
