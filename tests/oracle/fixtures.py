@@ -17,9 +17,12 @@ from engine.spark_server import SparkProcess
 from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_delta_connect_server
 
 # Delta's own test suites' settings for small tables: a snapshot's state in 2 partitions rather than 50, so each
-# log replay is 2 tasks, not 50. They change how Delta reads its log, never what a merge writes.
+# log replay is 2 tasks, not 50; and at most 3 tables' logs cached (a JVM system property), where the default keeps
+# every table's cached state for an hour: a long run merges into thousands of tables, and the server's heap ran out
+# after 250 of them. They change how Delta reads its log, never what a merge writes.
 DELTA_TEST_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.driver.extraJavaOptions": "-Ddelta.log.cacheSize=3",
 }
 
 
