@@ -72,9 +72,10 @@ _LAST_DELETED_COL = "__delta_dv_last"
 _WORD_COL = "__delta_dv_word"
 
 PER_FILE_SCAN_FILES = 32
-"""Up to this many files, a scan that names each row's file reads each file on its own and gives it its log path
-as a literal: naming the file from ``_metadata.file_path`` costs a new string per row (0.7 s a million rows here,
-twice the read itself), and a filter on a literal name folds away (a deletion vector's rows by row index alone)."""
+"""Up to this many files with deletion vectors, their scan reads each file on its own and gives it its log path as
+a literal: naming the file from ``_metadata.file_path`` costs a new string per row (0.7 s a million rows here, twice
+the read itself), and the vector's filter on a literal name folds to the row index alone. Files without vectors
+are read together: many small files share tasks."""
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
@@ -140,9 +141,8 @@ def _scan(
     with_vectors = [f for f in unique if f.deletion_vector is not None]
     if not with_vectors:
         return _scan_stored(spark, snapshot, unique, file_columns, row_tracking)
-    live = _drop_deleted_rows(
-        spark, snapshot, _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking), with_vectors
-    )
+    stored = _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking, per_file=True)
+    live = _drop_deleted_rows(spark, snapshot, stored, with_vectors)
     table_columns = [F.col(f"`{f.name}`") for f in snapshot.spark_schema.fields]
     tracking = [F.col(c) for c in ROW_TRACKING_COLS] if row_tracking else []
     if file_columns == "none":
@@ -266,8 +266,11 @@ def _scan_stored(
     unique: Sequence[AddFile],
     file_columns: FileColumns,
     row_tracking: bool = False,
+    *,
+    per_file: bool = False,
 ) -> DataFrame:
-    """The rows of distinct ``unique`` files as stored, deletion vectors not applied."""
+    """The rows of distinct ``unique`` files as stored, deletion vectors not applied; ``per_file``: up to
+    ``PER_FILE_SCAN_FILES`` files each read on its own (see there)."""
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
@@ -277,7 +280,7 @@ def _scan_stored(
     if row_tracking:
         return scan_with_row_tracking(spark, snapshot, unique, file_columns, partition_fields, data_schema)
     if not partition_fields:
-        plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns)
+        plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns, per_file=per_file)
         if plain is not None:
             return plain
     return _scan_by_mapped_paths(spark, snapshot, unique, partition_fields, data_schema, file_columns)
@@ -308,6 +311,8 @@ def _scan_by_plain_paths(
     unique: Sequence[AddFile],
     data_schema: T.StructType,
     file_columns: FileColumns,
+    *,
+    per_file: bool = False,
 ) -> DataFrame | None:
     """An unpartitioned table's files read with no lookup of their log paths; None when a log path must be
     looked up per file."""
@@ -318,7 +323,7 @@ def _scan_by_plain_paths(
         return plain.select(*data_columns) if mapped else plain
     if file_columns == "path":
         return plain.select(*data_columns, F.col("_metadata.file_path").alias(FILE_PATH_COL))
-    if len(unique) <= PER_FILE_SCAN_FILES:
+    if per_file and len(unique) <= PER_FILE_SCAN_FILES:
         reads = [
             spark.read.schema(read_schema)
             .parquet(spark_read_path(path))

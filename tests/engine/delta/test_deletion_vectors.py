@@ -10,6 +10,7 @@ import zlib
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 from pyroaring import BitMap, BitMap64
@@ -18,6 +19,7 @@ from pyspark.sql import SparkSession
 from engine.delta import (
     FILE_NAME_COL,
     FILE_PATH_COL,
+    ROW_INDEX_COL,
     Transaction,
     check_supported,
     files_at_paths,
@@ -223,8 +225,14 @@ def test_snapshot_after_checkpoint(lake: Path) -> None:
     assert {f.path: f.deletion_vector for f in older.files}[files[0]] is None
 
 
+@pytest.mark.parametrize("per_file", [True, False], ids=["file-by-file", "one-read"])
 @pytest.mark.parametrize("storage", ["u", "i", "p"])
-def test_scan_drops_deleted_rows(spark: SparkSession, lake: Path, storage: str) -> None:
+def test_scan_drops_deleted_rows(
+    spark: SparkSession, lake: Path, storage: str, per_file: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files with vectors are read one by one (few: each named by a literal) or together (many: named from the
+    reader's path); each row keeps its file's log path and row index either way."""
+    monkeypatch.setattr(scan_module, "PER_FILE_SCAN_FILES", 1_000 if per_file else 0)
     path, files = _dv_table(lake)
     delete_rows(
         path,
@@ -239,6 +247,10 @@ def test_scan_drops_deleted_rows(spark: SparkSession, lake: Path, storage: str) 
     for file_columns in (True, False):
         rows = scan_files(spark, snapshot, snapshot.files, file_columns=file_columns).collect()
         assert sorted(r["id"] for r in rows) == expected
+    named = scan_files(spark, snapshot, snapshot.files).collect()
+    assert {r[FILE_NAME_COL] for r in named} == set(files)
+    for r in named:
+        assert pq.read_table(path / r[FILE_NAME_COL]).column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
 
 
 @pytest.mark.parametrize(

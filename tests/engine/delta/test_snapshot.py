@@ -84,14 +84,7 @@ def _arrow_rows(table: pa.Table) -> list[dict[str, object]]:
     return sorted_rows(table.drop_columns([c for c in (FILE_NAME_COL, ROW_INDEX_COL) if c in table.column_names]))
 
 
-@pytest.mark.parametrize("per_file", [True, False], ids=["file-by-file", "one-read"])
-def test_scan_files_equals_deltalake_read(
-    spark: SparkSession, typed_table: Path, per_file: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Few files are read one by one, each named by a literal; many in one read, named from the reader's path."""
-    import engine.delta.scan as scan
-
-    monkeypatch.setattr(scan, "PER_FILE_SCAN_FILES", 1_000 if per_file else 0)
+def test_scan_files_equals_deltalake_read(spark: SparkSession, typed_table: Path) -> None:
     snapshot = load_snapshot(str(typed_table))
     result = scan_files(spark, snapshot, snapshot.files).toArrow()
     assert result.column_names == [*[f.name for f in snapshot.spark_schema.fields], FILE_NAME_COL, ROW_INDEX_COL]
