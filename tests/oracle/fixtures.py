@@ -18,11 +18,13 @@ from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_de
 
 # Delta's own test suites' settings for small tables: a snapshot's state in 2 partitions rather than 50, so each
 # log replay is 2 tasks, not 50; and at most 3 tables' logs cached (a JVM system property), where the default keeps
-# every table's cached state for an hour: a long run merges into thousands of tables, and the server's heap ran out
-# after 250 of them. They change how Delta reads its log, never what a merge writes.
+# every table's cached state for an hour. They change how Delta reads its log, never what a merge writes.
+# Delta's server still holds on to some state of every merge it ran (its heap ran out of space after about 250 random
+# merges with 2 GiB), so a long run gives it more heap: ``MERGE_DELTA_DRIVER_MEMORY`` (e.g. ``8g``).
 DELTA_TEST_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.driver.extraJavaOptions": "-Ddelta.log.cacheSize=3",
+    "spark.driver.memory": os.environ.get("MERGE_DELTA_DRIVER_MEMORY", "2g"),
 }
 
 
