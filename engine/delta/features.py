@@ -57,6 +57,32 @@ def _field_metadata(schema_json: Mapping[str, Any]) -> Iterator[tuple[str, Mappi
     yield from walk(schema_json, "")
 
 
+ENABLED_BY_PROPERTY: Mapping[str, str] = {
+    "delta.appendOnly": "appendOnly",
+    "delta.enableChangeDataFeed": "changeDataFeed",
+    "delta.enableDeletionVectors": "deletionVectors",
+    "delta.enableRowTracking": "rowTracking",
+    "delta.enableInCommitTimestamps": "inCommitTimestamp",
+    "delta.enableTypeWidening": "typeWidening",
+    "delta.enableIcebergCompatV1": "icebergCompatV1",
+    "delta.enableIcebergCompatV2": "icebergCompatV2",
+    "delta.enableIcebergCompatV3": "icebergCompatV3",
+    "delta.enableVariantShredding": "variantShredding",
+}
+"""Table properties that turn a feature on when ``true`` (Delta's ``FeatureAutomaticallyEnabledByMetadata``)."""
+
+_REQUIRED_WHEN_USED = (
+    "checkConstraints",
+    "columnMapping",
+    "v2Checkpoint",
+    "invariants",
+    "generatedColumns",
+    "identityColumns",
+    "variantType",
+)
+"""Features Delta enables for what the metadata holds beyond a property (a constraint, a column's metadata)."""
+
+
 def features_in_use(metadata: Metadata) -> dict[str, str]:
     """Features the metadata actually uses, each with the evidence (a property or a column)."""
     used: dict[str, str] = {}
@@ -67,15 +93,7 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     mode = str(config.get("delta.columnMapping.mode", "none")).strip().lower()
     if mode not in ("", "none"):
         used["columnMapping"] = f"delta.columnMapping.mode = {mode}"
-    for key, feature in (
-        ("delta.enableRowTracking", "rowTracking"),
-        ("delta.enableInCommitTimestamps", "inCommitTimestamp"),
-        ("delta.enableTypeWidening", "typeWidening"),
-        ("delta.enableIcebergCompatV1", "icebergCompatV1"),
-        ("delta.enableIcebergCompatV2", "icebergCompatV2"),
-        ("delta.enableIcebergCompatV3", "icebergCompatV3"),
-        ("delta.enableVariantShredding", "variantShredding"),
-    ):
+    for key, feature in ENABLED_BY_PROPERTY.items():
         if _is_true(config, key):
             used[feature] = f"{key} = true"
     if config.get("delta.universalFormat.enabledFormats"):
@@ -105,38 +123,21 @@ def features_in_use(metadata: Metadata) -> dict[str, str]:
     return used
 
 
-_ALSO_LISTED_AS = {"typeWidening": {"typeWidening-preview"}, "variantType": {"variantType-preview"}}
+_ALSO_LISTED_AS = {
+    "typeWidening": {"typeWidening-preview"},
+    "variantType": {"variantType-preview"},
+    "variantShredding": {"variantShredding-preview"},
+}
 """A feature whose preview name in ``writerFeatures`` serves as well (Delta accepts either)."""
-
-_ENABLED_BY_PROPERTY = (
-    ("delta.appendOnly", "appendOnly"),
-    ("delta.enableChangeDataFeed", "changeDataFeed"),
-    ("delta.enableDeletionVectors", "deletionVectors"),
-    ("delta.enableRowTracking", "rowTracking"),
-    ("delta.enableInCommitTimestamps", "inCommitTimestamp"),
-    ("delta.enableTypeWidening", "typeWidening"),
-    ("delta.enableIcebergCompatV1", "icebergCompatV1"),
-    ("delta.enableIcebergCompatV2", "icebergCompatV2"),
-)
 
 
 def metadata_requires_features(metadata: Metadata) -> dict[str, str]:
     """The features Delta enables automatically for this metadata (``FeatureAutomaticallyEnabledByMetadata``),
     each with the evidence: a table-features protocol must list every one of them."""
-    required: dict[str, str] = {}
-    for key, name in _ENABLED_BY_PROPERTY:
-        if _is_true(metadata.configuration, key):
-            required[name] = f"{key} = true"
+    config = metadata.configuration
+    required = {name: f"{key} = true" for key, name in ENABLED_BY_PROPERTY.items() if _is_true(config, key)}
     used = features_in_use(metadata)
-    for name in (
-        "checkConstraints",
-        "columnMapping",
-        "v2Checkpoint",
-        "invariants",
-        "generatedColumns",
-        "identityColumns",
-        "variantType",
-    ):
+    for name in _REQUIRED_WHEN_USED:
         if name in used:
             required.setdefault(name, used[name])
     if has_type(metadata.schema_string, "timestamp_ntz"):

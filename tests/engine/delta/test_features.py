@@ -290,6 +290,7 @@ def test_deletion_vectors_on_files_are_read(lake: Path) -> None:
         ({"delta.enableChangeDataFeed": "true"}, None, "changeDataFeed"),
         ({"delta.appendOnly": "true"}, None, "appendOnly"),
         ({"delta.enableDeletionVectors": "true"}, None, "deletionVectors"),
+        ({"delta.enableIcebergCompatV3": "true"}, None, "icebergCompatV3"),
         ({"delta.constraints.positive": "id > 0"}, None, "checkConstraints"),
         ({}, {"delta.generationExpression": "id + 1"}, "generatedColumns"),
     ],
