@@ -29,8 +29,9 @@ from engine.errors import (
     ConcurrentModificationError,
     MergeServiceEngineError,
 )
-from engine.executors import ClassicMergeExecutor, InsertOnlyMergeExecutor
+from engine.executors import ClassicMergeExecutor
 from engine.expressions import sql
+from engine.insert_only import InsertOnlyMergeExecutor
 from engine.merge_condition import Sides, and_all, conjuncts, strip_qualifiers
 from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
@@ -264,6 +265,10 @@ class MergeIntoCommand:
         their new vectors."""
         self.on_progress("finding_touched_files")
         executor = ClassicMergeExecutor(ctx)
+        if self.spec.is_delete_only and not ctx.cdc_enabled:
+            changes = executor.delete_with_deletion_vectors()
+            removed = [*changes.removed, *[old for old, _ in changes.updated]]
+            return [], [], removed, [new for _, new in changes.updated]
         touched, _ = executor.find_touched_files_or_write(self.on_progress)
         if touched:
             changes = executor.write_all_changes_with_deletion_vectors()

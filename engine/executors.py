@@ -1,4 +1,4 @@
-"""Delta's two merge executors over Spark Connect.
+"""Delta's ClassicMergeExecutor over Spark Connect.
 
 ClassicMergeExecutor: ``find_touched_files`` joins the data-skipped target with the source once, collecting
 the touched files and the per-target-row match counts (the multiple-match check) in one Spark job: by target
@@ -6,7 +6,10 @@ row as Delta does, or, when ON pins each target row to one source key, with the 
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
 source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched, the
 single pass (single_pass.py) folds the first pass into the write.
-InsertOnlyMergeExecutor: a left-anti join of the source against the target, appended; no file rewritten.
+The merge-on-read variants: ``write_all_changes_with_deletion_vectors`` writes only updated and inserted rows
+and marks the rows they replace or delete in their files' deletion vectors; ``delete_with_deletion_vectors``
+gathers a delete-only merge's vectors in one job.
+InsertOnlyMergeExecutor is in insert_only.py.
 
 Around them: the join plans and the unmatched source rows in joins.py, the key bitmap in key_bitmap.py, ON's
 key equalities in join_keys.py, the written files and their metrics in write_files.py, and what the phases
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
@@ -40,17 +44,11 @@ from engine.joins import (
 from engine.key_bitmap import KeyBitmap
 from engine.merge_condition import KeyedOn
 from engine.output import (
-    ACTION_COL,
-    DROP_SOURCE,
-    INSERT,
-    ROW_DROPPED_COL,
+    MATCHED_DELETE,
     SOURCE_ROW_INDEX_COL,
     SOURCE_ROW_PRESENT_COL,
     TARGET_ROW_INDEX_COL,
     TARGET_ROW_PRESENT_COL,
-    action_counts,
-    generate_inserts_only_output_cols,
-    generate_precomputed_conditions_and_df,
 )
 from engine.result import Phase
 from engine.single_pass import touches_every_match
@@ -59,9 +57,7 @@ from engine.spec import DeleteAction, MergeSpec
 from engine.write_files import (
     WrittenFiles,
     observed_counts,
-    output_schema,
     record_write_metrics,
-    repartition_for_write,
     write_changes,
     write_changes_with_deletion_vectors,
 )
@@ -74,6 +70,9 @@ ONE_TASK_GROUPING_ROWS = 1_000_000
 
 
 SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
+
+_DELETED_ROWS = "_deleted_row_indexes_"
+_DELETED_PAIRS = "_deleted_pairs_"
 
 
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
@@ -114,8 +113,7 @@ class ClassicMergeExecutor:
             return []
         obs = Observation("numSourceRows")
         source = source_with_count(ctx, obs)
-        keyed = keyed_join(ctx) if touches_every_match(spec) else None
-        found = self._find_by_target_rows(source) if keyed is None else self._find_by_source_keys(source, keyed)
+        found = _observe_touched(*self._matches_per_target_row(source))
         ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
         multiple_match_count = int(found.get("multiple_match_rows") or 0)
         multiple_match_sum = int(found.get("multiple_match_sum") or 0)
@@ -141,7 +139,18 @@ class ClassicMergeExecutor:
         target = ctx.target_df(ctx.candidate_files)
         return source.alias(spec.source_alias).join(target.alias(spec.target_alias), ctx.resolved.on, "inner")
 
-    def _find_by_target_rows(self, source: DataFrame) -> dict[str, Any]:
+    def _matches_per_target_row(
+        self, source: DataFrame, *, row_indexes: bool = False
+    ) -> tuple[DataFrame, Column, Column]:
+        """The candidate target rows some source row matches, each once with its file's log path (and with
+        ``row_indexes`` its row index): the rows, whether a clause acts on the row's match (it touches its file),
+        and its number of matches."""
+        keyed = keyed_join(self.ctx) if touches_every_match(self.ctx.spec) else None
+        if keyed is None:
+            return self._per_target_row(source)
+        return self._per_source_key(source, keyed, row_indexes=row_indexes)
+
+    def _per_target_row(self, source: DataFrame) -> tuple[DataFrame, Column, Column]:
         """Delta's findTouchedFiles: the matches counted per target row (file, row index)."""
         ctx = self.ctx
         spec = ctx.spec
@@ -159,10 +168,12 @@ class ClassicMergeExecutor:
         per_row = joined.groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL).agg(
             F.count(F.lit(1)).alias("matches"), F.max(touch).alias("touch")
         )
-        # One shuffle: the per-file answers are observed as the per-row counts stream past, not aggregated again.
-        return _observe_touched(per_row, F.col("touch") == 1, F.col("matches"))
+        # One shuffle: the per-file answers are gathered as the per-row counts stream past, not aggregated again.
+        return per_row, F.col("touch") == 1, F.col("matches")
 
-    def _find_by_source_keys(self, source: DataFrame, keyed: KeyedOn) -> dict[str, Any]:
+    def _per_source_key(
+        self, source: DataFrame, keyed: KeyedOn, *, row_indexes: bool = False
+    ) -> tuple[DataFrame, Column, Column]:
         """findTouchedFiles without shuffling the target: the source is grouped by its join keys (rows that
         no target row can match left out) and broadcast; each target row meets at most one group, whose row
         count is that row's number of matches. The matched keys are kept for writeAllChanges when it will need
@@ -181,13 +192,14 @@ class ClassicMergeExecutor:
         target = ctx.target_df(ctx.candidate_files).alias(t)
         matched = target.join(F.broadcast(groups.alias(s)), condition, "inner").select(
             F.col(qualified_column(t, delta.FILE_NAME_COL)).alias(delta.FILE_NAME_COL),
+            *([F.col(qualified_column(t, delta.ROW_INDEX_COL)).alias(delta.ROW_INDEX_COL)] if row_indexes else []),
             F.col(SOURCE_KEY_ROWS_COL),
             *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)],
         )
         if spec.not_matched and self._may_broadcast_source():
             matched = matched.persist()
             ctx.matched_source_keys = (matched, keyed)
-        return _observe_touched(matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL))
+        return matched, F.lit(True), F.col(SOURCE_KEY_ROWS_COL)
 
     def _grouped_by_key(self, source: DataFrame, keyed: KeyedOn) -> GroupedData:
         """The source rows some target row may match (those failing a source-only conjunct of ON or holding a
@@ -363,6 +375,49 @@ class ClassicMergeExecutor:
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return DeletionVectorChanges(added, cdc_files, removed, updated)
 
+    def delete_with_deletion_vectors(self) -> DeletionVectorChanges:
+        """A merge whose every clause deletes matched rows, with deletion vectors and no Change Data Feed: no row
+        is written, so findTouchedFiles and the deleted rows' indexes come from one Spark job. (Delta runs three
+        over the same matches: findTouchedFiles, a writeAllChanges that writes nothing, and writeDVs.)"""
+        ctx = self.ctx
+        start = time.monotonic()
+        if not ctx.candidate_files:
+            self.find_touched_files()
+            return DeletionVectorChanges([], [], [], [])
+        obs = Observation("numSourceRows")
+        source = source_with_count(ctx, obs)
+        rows, touched, matches = self._matches_per_target_row(source, row_indexes=True)
+        per_file = (
+            rows.groupBy(delta.FILE_NAME_COL)
+            .agg(
+                F.collect_list(F.when(touched, F.col(delta.ROW_INDEX_COL))).alias(_DELETED_ROWS),
+                F.sum(F.when(touched, matches).otherwise(0)).alias(_DELETED_PAIRS),
+                F.count_if(matches > 1).alias("multiple_match_rows"),
+                F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
+            )
+            .collect()
+        )
+        ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
+        multiple_match_count = sum(int(r["multiple_match_rows"] or 0) for r in per_file)
+        if multiple_match_count > 0:
+            if not _is_only_one_unconditional_delete(ctx.spec):
+                raise MultipleMatchError(self._multiple_match_message(self._matches()))
+            multiple_match_sum = sum(int(r["multiple_match_sum"] or 0) for r in per_file)
+            ctx.multiple_match_delete_overcount = multiple_match_sum - multiple_match_count
+        deleted = {r[delta.FILE_NAME_COL]: BitMap64(r[_DELETED_ROWS]) for r in per_file if r[_DELETED_ROWS]}
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in deleted]
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        if not ctx.touched_files:
+            return DeletionVectorChanges([], [], [], [])
+        write_start = time.monotonic()
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
+        pairs = sum(int(r[_DELETED_PAIRS] or 0) for r in per_file)
+        # The writeAllChanges Delta runs here reads every source row: the second scan and the first are one.
+        record_write_metrics(ctx, {MATCHED_DELETE: pairs}, [], ctx.metrics["numSourceRows"])
+        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - write_start) * 1000)
+        return DeletionVectorChanges([], [], removed, updated)
+
 
 def _record_deletion_vector_metrics(
     m: dict[str, int], removed: list[AddFile], updated: list[tuple[AddFile, AddFile]]
@@ -389,47 +444,3 @@ class DeletionVectorChanges:
     """Touched files every row of which is now deleted: removed outright."""
     updated: list[tuple[AddFile, AddFile]]
     """Touched files given a new deletion vector: (the file as it was, the same path with the new vector)."""
-
-
-class InsertOnlyMergeExecutor:
-    def __init__(self, ctx: MergeContext) -> None:
-        self.ctx = ctx
-
-    def write_only_inserts(
-        self, *, filter_matched_rows: bool = True, source_rows_metric: str = "numSourceRows"
-    ) -> list[AddFile]:
-        """``filter_matched_rows`` is off when findTouchedFiles already showed that no source row matches."""
-        ctx = self.ctx
-        spec = ctx.spec
-        start = time.monotonic()
-        obs_source = Observation(source_rows_metric)
-        source = observe(ctx.source, obs_source, F.count(F.lit(1)).alias("n")).alias(spec.source_alias)
-        if ctx.candidate_files and filter_matched_rows:
-            target = ctx.target_df(ctx.candidate_files, file_columns=False)
-            if source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files):
-                new_rows = unmatched_source_rows(
-                    ctx,
-                    source,
-                    ctx.candidate_files,
-                    KeyBitmap.for_merge(ctx, ctx.source_rows_estimate),
-                    probe=ctx.source,
-                )
-            else:
-                new_rows = source.join(target.alias(spec.target_alias), ctx.resolved.on, "left_anti")
-        else:
-            new_rows = source
-        new_rows, lookups = generate_precomputed_conditions_and_df(new_rows, ctx.resolved.not_matched)
-        output_cols = generate_inserts_only_output_cols(
-            ctx.output_names, ctx.resolved.output_fields, ctx.resolved.not_matched, lookups
-        )
-        obs = Observation("writeOnlyInserts")
-        projected = repartition_for_write(ctx, new_rows.select(*output_cols))
-        projected = observe(projected, obs, *action_counts([INSERT, DROP_SOURCE]))
-        output = projected.where(~F.col(ROW_DROPPED_COL)).drop(ROW_DROPPED_COL, ACTION_COL)
-        added = delta.write_data_files(
-            ctx.spark, output, ctx.snapshot, write_id=ctx.write_id, schema=output_schema(ctx)
-        )
-        ctx.metrics["numTargetRowsInserted"] = observed_counts(obs).get(INSERT, 0)
-        ctx.metrics[source_rows_metric] = int(obs_source.get.get("n", 0) or 0)
-        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return added

@@ -152,6 +152,11 @@ class MergeSpec:
     def is_matched_only(self) -> bool:
         return not self.not_matched and not self.not_matched_by_source and bool(self.matched)
 
+    @property
+    def is_delete_only(self) -> bool:
+        """Every clause is ``WHEN MATCHED [AND cond] THEN DELETE``."""
+        return self.is_matched_only and all(isinstance(c.action, DeleteAction) for c in self.matched)
+
     def validate(self) -> MergeSpec:
         """Delta's clause rules (DeltaMergeInto / ResolveDeltaMergeInto), with Delta's wording."""
         if not self.clauses:

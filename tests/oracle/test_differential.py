@@ -112,6 +112,57 @@ def test_a_touched_file_no_clause_changes_is_committed_as_delta_does(
     assert_same(delta_spark, ours, theirs, TARGET.column_names)
 
 
+DELETE_ONLY = {
+    "unconditional": [clause("matched", "delete")],
+    "conditional": [clause("matched", "delete", "s.v = 's4'"), clause("matched", "delete", "t.n > 150")],
+}
+
+
+@pytest.mark.parametrize("duplicates", [False, True], ids=["unique", "duplicate-keys"])
+@pytest.mark.parametrize("name", list(DELETE_ONLY))
+def test_delete_only_merges_with_deletion_vectors_match_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, name: str, duplicates: bool
+) -> None:
+    """A merge that only deletes writes no data: the engine gathers the touched files and the deleted rows in one
+    Spark job, Delta in three. Four files (one per partition), three of them with vectors Delta wrote: one file
+    has every row deleted (removed outright), one vector is updated, one added. Rows, the result and every metric
+    agree, and so does the multiple-match rule (allowed for one unconditional delete only)."""
+    ids = list(range(200))
+    target = pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "v": [f"t{i}" for i in ids],
+            "n": pa.array(ids, pa.int64()),
+            "p": [str(i // 50) for i in ids],
+        }
+    )
+    keys = [*range(50), 60, 61, 120, 199, 250] + ([60, 199] if duplicates else [])
+    source = pa.table(
+        {
+            "id": pa.array(keys, pa.int64()),
+            "v": [f"s{i}" for i in keys],
+            "n": pa.array(keys, pa.int64()),
+            "p": [str(i // 50) for i in keys],
+        }
+    )
+    dv = {"delta.enableDeletionVectors": "true"}
+    ours, theirs, src = prepare_copies(tmp_path, target, source, partition_by=["p"], configuration=dv)
+    for side in (ours, theirs):
+        delta_spark.sql(f"DELETE FROM delta.`{side.path}` WHERE id IN (3, 61, 130, 170)").collect()
+        side.start_version = latest_version(side.path)
+    run_engine(spark, ours, src, "t.id = s.id", DELETE_ONLY[name], ())
+    run_delta(delta_spark, theirs, src, "t.id = s.id", DELETE_ONLY[name])
+    assert ours.multiple_match == (duplicates and name == "conditional")
+    assert_same(delta_spark, ours, theirs, target.column_names)
+    if ours.error is None:
+        assert ours.metrics is not None
+        metrics = ("numTargetFilesAdded", "numTargetFilesRemoved", "numTargetDeletionVectorsAdded")
+        # Unconditional: the first file goes; the others each get a vector that replaces Delta's.
+        expected = {"unconditional": (0, 1, 3), "conditional": (0, 0, 2)}[name]
+        assert tuple(int(ours.metrics[m]) for m in metrics) == expected
+        assert ours.metrics["numTargetDeletionVectorsUpdated"] == ours.metrics["numTargetDeletionVectorsAdded"]
+
+
 @pytest.mark.parametrize("pair", list(itertools.combinations(sorted(RANDOM_FEATURES), 2)), ids="+".join)
 def test_every_pair_of_random_features_makes_a_table_delta_merges(
     spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, pair: tuple[str, str]
