@@ -17,13 +17,14 @@ from engine.spark_server import SparkProcess
 from tests.oracle.delta_spark import RegistryUnreachableError, prepare, start_delta_connect_server
 
 # Delta's own test suites' settings for small tables: a snapshot's state in 2 partitions rather than 50, so each
-# log replay is 2 tasks, not 50; and at most 3 tables' logs cached (a JVM system property), where the default keeps
-# every table's cached state for an hour. They change how Delta reads its log, never what a merge writes.
-# Delta's server still holds on to some state of every merge it ran (its heap ran out of space after about 250 random
-# merges with 2 GiB), so a long run gives it more heap: ``MERGE_DELTA_DRIVER_MEMORY`` (e.g. ``8g``).
+# log replay is 2 tasks, not 50; and at most 3 tables' logs cached, where the default keeps up to 10,000 for an hour
+# each with its cached state (a long run merges into thousands of tables: the server's heap ran out after 250 random
+# merges). Delta 4 reads the cache size from this Spark setting, and takes the larger of it and the JVM property
+# ``delta.log.cacheSize`` its older releases read. They change how Delta reads its log, never what a merge writes.
+# ``MERGE_DELTA_DRIVER_MEMORY`` gives the server more heap where a run needs it.
 DELTA_TEST_CONF = {
     "spark.databricks.delta.snapshotPartitions": "2",
-    "spark.driver.extraJavaOptions": "-Ddelta.log.cacheSize=3",
+    "spark.databricks.delta.delta.log.cacheSize": "3",
     "spark.driver.memory": os.environ.get("MERGE_DELTA_DRIVER_MEMORY", "2g"),
 }
 

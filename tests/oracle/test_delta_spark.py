@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
+from engine.spark_server import SparkProcess
 from tests.oracle.tables import commit_info, latest_version, log_actions, make_delta_table
 
 
@@ -61,3 +66,33 @@ def test_delta_merge_answers_through_the_products_client(delta_spark: SparkSessi
         (2, "b", "update_preimage"),
         (3, "c", "insert"),
     ]
+
+
+def test_the_oracle_server_caches_few_tables_logs(
+    delta_spark: SparkSession, delta_spark_server: SparkProcess, tmp_path: Path
+) -> None:
+    """Delta keeps a DeltaLog, with its snapshot's cached state, per table it touched: by default up to 10,000 for
+    an hour, which exhausted the oracle server's heap in long runs. With the cache bounded, writing a dozen tables
+    leaves only a few logs alive (counted in the server's heap after a full collection)."""
+    java_home = Path(os.path.realpath(shutil.which("java") or "java")).parent
+    jcmd = shutil.which("jcmd") or str(java_home / "jcmd")
+    if not Path(jcmd).exists():
+        pytest.skip("jcmd (the JDK's) is needed to count the server's DeltaLogs")
+    tables = 12
+    for i in range(tables):
+        path = tmp_path / f"t{i}"
+        delta_spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING delta").collect()
+        delta_spark.sql(f"INSERT INTO delta.`{path}` VALUES ({i})").collect()
+        delta_spark.sql(f"DELETE FROM delta.`{path}` WHERE id = {i}").collect()
+    histogram = subprocess.run(
+        [jcmd, str(delta_spark_server.process.pid), "GC.class_histogram"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    counts = [
+        int(line.split()[1]) for line in histogram.splitlines() if line.endswith(" org.apache.spark.sql.delta.DeltaLog")
+    ]
+    assert counts, "no DeltaLog in the server's heap: the histogram was not read"
+    assert counts[0] < tables // 2, f"{counts[0]} DeltaLogs alive after writing {tables} tables"
