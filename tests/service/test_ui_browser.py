@@ -157,11 +157,20 @@ def history(owner: str, tables: list[str], seed: int = 7) -> list[JobRow]:
 
 def wait_until(driver: Any, condition: Any, seconds: float = 15) -> Any:
     """Waits out a page that is still being replaced (a form's POST and its redirect)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def settled(d: Any) -> Any:
+        # Chromium reports a node of the page being replaced as an inspector error, not as a stale element.
+        try:
+            return condition(d)
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e.msg):
+                return False
+            raise
+
     ignored = (NoSuchElementException, StaleElementReferenceException)
-    return WebDriverWait(driver, seconds, ignored_exceptions=ignored).until(condition)
+    return WebDriverWait(driver, seconds, ignored_exceptions=ignored).until(settled)
 
 
 def counts_on_page(driver: Any) -> dict[Status, int]:
