@@ -142,6 +142,20 @@ def skippable_rows(target: list[Row], clauses: list[ModelClause], partitioned: b
     return {i for rows_ in files.values() if not any(may_act(target[j]) for j in rows_) for i in rows_}
 
 
+def unacted_multiple_matches(target: list[Row], source: list[Row], clauses: list[ModelClause], on: On) -> bool:
+    """Whether a matched-only merge has target rows with several matches, none of which meets a WHEN MATCHED
+    condition. Delta's findTouchedFiles keeps only the matches some clause may act on, so it sees no multiple
+    match: it leaves such a row's file unread when nothing else touches it, and fails its own row count check
+    when something does. The engine refuses the merge (docs/oracle.md, intended differences)."""
+    if any(c.kind != "matched" for c in clauses):
+        return False
+    several = [(t, [s for s in source if on.fn(t, s)]) for t in target]
+    several = [(t, ss) for t, ss in several if len(ss) > 1]
+    return bool(several) and not any(
+        c.cond is None or c.cond.holds(t, s) for t, ss in several for s in ss for c in clauses
+    )
+
+
 def _assigned(c: ModelClause, t: Row | None, s: Row | None, columns: list[str]) -> Row:
     """The row a clause writes: every source column for ``*``, else the target row with its assignments."""
     if c.action in ("update_all", "insert_all"):
