@@ -115,14 +115,9 @@ class ClassicMergeExecutor:
         source = source_with_count(ctx, obs)
         found = _observe_touched(*self._matches_per_target_row(source))
         ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
-        multiple_match_count = int(found.get("multiple_match_rows") or 0)
-        multiple_match_sum = int(found.get("multiple_match_sum") or 0)
-        if multiple_match_count > 0:
-            if not _is_only_one_unconditional_delete(spec):
-                raise MultipleMatchError(self._multiple_match_message(self._matches()))
-            # Each extra match deletes the same row again: Delta subtracts the overcount from the metrics.
-            ctx.multiple_match_delete_overcount = multiple_match_sum - multiple_match_count
-            ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
+        self._check_multiple_matches(
+            int(found.get("multiple_match_rows") or 0), int(found.get("multiple_match_sum") or 0)
+        )
         if spec.not_matched_by_source:
             touched_names = {f.path for f in ctx.candidate_files}
         else:
@@ -223,6 +218,17 @@ class ClassicMergeExecutor:
         ctx = self.ctx
         estimate = ctx.source_rows_estimate
         return estimate is None or source_fits_broadcast(ctx, estimate, ctx.candidate_files)
+
+    def _check_multiple_matches(self, rows: int, matches: int) -> None:
+        """``rows`` target rows with several matches, ``matches`` in all. Only one unconditional delete may
+        have them: each extra match deletes the same row again, an overcount Delta subtracts from the metrics."""
+        if rows == 0:
+            return
+        ctx = self.ctx
+        if not _is_only_one_unconditional_delete(ctx.spec):
+            raise MultipleMatchError(self._multiple_match_message(self._matches()))
+        ctx.multiple_match_delete_overcount = matches - rows
+        ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
 
     def _multiple_match_message(self, joined: DataFrame) -> str:
         ctx = self.ctx
@@ -398,12 +404,10 @@ class ClassicMergeExecutor:
             .collect()
         )
         ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
-        multiple_match_count = sum(int(r["multiple_match_rows"] or 0) for r in per_file)
-        if multiple_match_count > 0:
-            if not _is_only_one_unconditional_delete(ctx.spec):
-                raise MultipleMatchError(self._multiple_match_message(self._matches()))
-            multiple_match_sum = sum(int(r["multiple_match_sum"] or 0) for r in per_file)
-            ctx.multiple_match_delete_overcount = multiple_match_sum - multiple_match_count
+        self._check_multiple_matches(
+            sum(int(r["multiple_match_rows"] or 0) for r in per_file),
+            sum(int(r["multiple_match_sum"] or 0) for r in per_file),
+        )
         deleted = {r[delta.FILE_NAME_COL]: BitMap64(r[_DELETED_ROWS]) for r in per_file if r[_DELETED_ROWS]}
         ctx.touched_files = [f for f in ctx.candidate_files if f.path in deleted]
         ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
