@@ -9,7 +9,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import cast
 
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -21,7 +20,6 @@ from sqlglot import exp
 from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot, row_tracking
-from engine.delta.dml_with_deletion_vectors import deletion_vectors_writable
 from engine.delta.identity import with_high_water_marks
 from engine.delta.type_widening import type_widening_enabled
 from engine.errors import (
@@ -29,10 +27,10 @@ from engine.errors import (
     ConcurrentModificationError,
     MergeServiceEngineError,
 )
-from engine.executors import ClassicMergeExecutor
 from engine.expressions import sql
-from engine.insert_only import InsertOnlyMergeExecutor
-from engine.merge_condition import Sides, and_all, conjuncts, strip_qualifiers
+from engine.file_skipping import partitions, skip_files
+from engine.merge_condition import Sides
+from engine.merge_writes import write_merge, writes_deletion_vectors
 from engine.resolution import ResolvedMerge, Resolver
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
@@ -168,7 +166,7 @@ class MergeIntoCommand:
             frozenset(f.name.lower() for f in snapshot.spark_schema.fields),
             frozenset(f.name.lower() for f in source.schema.fields),
         )
-        predicate, candidates = self._skip_files(snapshot, source, sides)
+        predicate, candidates = skip_files(self.parsed, self._source_keys, snapshot, source, sides, self.metrics)
         m = self.metrics
         key_exprs = [sql(e) for _, e in resolved.on_condition.equi_join_keys(sides)]
         ctx = MergeContext(
@@ -184,17 +182,13 @@ class MergeIntoCommand:
             key_exprs=key_exprs,
             source_rows_estimate=self._source_rows_estimate(),
             source_key_ranges=dict(self._source_keys.ranges),
-            write_deletion_vectors=self._writes_deletion_vectors(snapshot),
+            write_deletion_vectors=writes_deletion_vectors(spec, snapshot),
             row_tracking_columns=row_tracking.materialized_columns(snapshot.protocol, snapshot.metadata),
         )
         self._ctx = ctx
-        readded: list[AddFile] = []
-        if ctx.write_deletion_vectors:
-            added, cdc_files, removed, readded = self._write_with_deletion_vectors(ctx)
-            self._finish_metrics(snapshot, added, [f for f in removed if f.path not in {a.path for a in readded}])
-        else:
-            added, cdc_files, removed = self._write(ctx)
-            self._finish_metrics(snapshot, added, removed)
+        writes = write_merge(ctx, self.on_progress)
+        added, cdc_files, removed, readded = writes
+        self._finish_metrics(snapshot, added, writes.replaced)
         # As Delta's commitIfNeeded: a touched file is rewritten and committed even when no row of it changed
         # (a match that no clause acts on, in a merge with more than MATCHED clauses).
         changed = bool(added or removed or cdc_files or readded) or (
@@ -207,80 +201,6 @@ class MergeIntoCommand:
             version = self._commit(snapshot, resolved, predicate, candidates, [*readded, *added, *cdc_files], removed)
         return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
 
-    def _skip_files(
-        self, snapshot: Snapshot, source: DataFrame, sides: Sides
-    ) -> tuple[exp.Expression | None, list[AddFile]]:
-        """Data skipping: the predicate the commit records as read, and the candidate files it leaves."""
-        all_files = list(snapshot.files)
-        predicate = self._skipping_predicate(snapshot, source, sides, all_files)
-        candidates = delta.prune_files(snapshot, all_files, predicate) if predicate is not None else all_files
-        m = self.metrics
-        m["numTargetFilesBeforeSkipping"] = len(all_files)
-        m["numTargetBytesBeforeSkipping"] = sum(f.size for f in all_files)
-        m["numTargetFilesAfterSkipping"] = len(candidates)
-        m["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
-        m["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
-        return predicate, candidates
-
-    def _write(self, ctx: MergeContext) -> tuple[list[AddFile], list[AddCDCFile], list[AddFile]]:
-        """The executors' work: the data files and change files added, and the files removed."""
-        spec = self.spec
-        removed: list[AddFile] = []
-        cdc_files: list[AddCDCFile] = []
-        if spec.is_insert_only:
-            self.on_progress("writing")
-            added = InsertOnlyMergeExecutor(ctx).write_only_inserts()
-        else:
-            self.on_progress("finding_touched_files")
-            executor = ClassicMergeExecutor(ctx)
-            touched, written = executor.find_touched_files_or_write(self.on_progress)
-            if written is not None:
-                added, cdc_files = written
-                removed = touched
-            elif touched:
-                added, cdc_files = executor.write_all_changes()
-                removed = touched
-            elif spec.not_matched:
-                added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
-                    filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan"
-                )
-            else:
-                added = []
-        return added, cdc_files, removed
-
-    def _writes_deletion_vectors(self, snapshot: Snapshot) -> bool:
-        """Merge-on-read: the spec allows it, the table is deletionVectorsWritable, and some clause updates or
-        deletes target rows."""
-        return (
-            self.spec.deletion_vectors == "auto"
-            and not self.spec.is_insert_only
-            and deletion_vectors_writable(snapshot)
-        )
-
-    def _write_with_deletion_vectors(
-        self, ctx: MergeContext
-    ) -> tuple[list[AddFile], list[AddCDCFile], list[AddFile], list[AddFile]]:
-        """The executors' work with deletion vectors: the data and change files added, the files removed (those
-        given a new vector are among them, removed with their old one) and the same paths added back with
-        their new vectors."""
-        self.on_progress("finding_touched_files")
-        executor = ClassicMergeExecutor(ctx)
-        if self.spec.is_delete_only and not ctx.cdc_enabled:
-            changes = executor.delete_with_deletion_vectors()
-            removed = [*changes.removed, *[old for old, _ in changes.updated]]
-            return [], [], removed, [new for _, new in changes.updated]
-        touched, _ = executor.find_touched_files_or_write(self.on_progress)
-        if touched:
-            changes = executor.write_all_changes_with_deletion_vectors()
-            removed = [*changes.removed, *[old for old, _ in changes.updated]]
-            return changes.added, changes.cdc_files, removed, [new for _, new in changes.updated]
-        if self.spec.not_matched:
-            added = InsertOnlyMergeExecutor(ctx).write_only_inserts(
-                filter_matched_rows=False, source_rows_metric="numSourceRowsInSecondScan"
-            )
-            return added, [], [], []
-        return [], [], [], []
-
     def _finish_metrics(self, snapshot: Snapshot, added: list[AddFile], removed: list[AddFile]) -> None:
         m = self.metrics
         m["numTargetRowsUpdated"] = m["numTargetRowsMatchedUpdated"] + m["numTargetRowsNotMatchedBySourceUpdated"]
@@ -290,49 +210,8 @@ class MergeIntoCommand:
         m["numTargetBytesAdded"] = sum(f.size for f in added)
         m["numTargetFilesRemoved"] = len(removed)
         m["numTargetBytesRemoved"] = sum(f.size for f in removed)
-        m["numTargetPartitionsRemovedFrom"] = _partitions(snapshot, removed)
-        m["numTargetPartitionsAddedTo"] = _partitions(snapshot, added)
-
-    # --- data skipping -----------------------------------------------------------------------------------------
-
-    def _skipping_predicate(
-        self, snapshot: Snapshot, source: DataFrame, sides: Sides, files: list[AddFile]
-    ) -> exp.Expression | None:
-        """Delta's getTargetOnlyPredicates (ON, and for matched-only merges the clause conditions), plus, beyond
-        Delta on Spark, the source's join-key range and partition values. None with NOT MATCHED BY SOURCE
-        clauses: every target row is then in scope."""
-        spec = self.spec
-        if spec.not_matched_by_source or not files:
-            return None
-        predicates = self.parsed.on.target_only_predicates(sides)
-        if spec.is_matched_only:
-            matched = self._matched_conditions_predicate(sides)
-            if matched is not None:
-                predicates.append(matched)
-        if len(files) > 1:
-            predicates.extend(self._source_keys.source_key_predicates(snapshot, source, sides))
-        return cast("exp.Expression | None", and_all(predicates))
-
-    def _matched_conditions_predicate(self, sides: Sides) -> exp.Expr | None:
-        """For a matched-only merge, the OR of each MATCHED clause's target-only conjuncts; None when a clause
-        has none (it may act on any matched row)."""
-        per_clause: list[exp.Expr] = []
-        for clause in self.spec.matched:
-            if clause.condition is None:
-                return None
-            parts = and_all(
-                strip_qualifiers(c)
-                for c in conjuncts(self.parsed.tree(clause.condition))
-                if sides.sides_of(c) == {"target"}
-            )
-            if parts is None:
-                return None
-            per_clause.append(parts)
-        if not per_clause:
-            return None
-        if len(per_clause) == 1:
-            return per_clause[0]
-        return cast(exp.Expr, exp.or_(*per_clause))  # an exp.Or; sqlglot's hints say Condition
+        m["numTargetPartitionsRemovedFrom"] = partitions(snapshot, removed)
+        m["numTargetPartitionsAddedTo"] = partitions(snapshot, added)
 
     def _source_snapshot(self) -> Snapshot:
         if self._source_snap is None:
@@ -428,12 +307,6 @@ def _result_row(m: dict[str, int]) -> dict[str, int]:
         "num_deleted_rows": deleted,
         "num_inserted_rows": inserted,
     }
-
-
-def _partitions(snapshot: Snapshot, files: Sequence[AddFile]) -> int:
-    if not snapshot.partition_columns:
-        return 0
-    return len({tuple(sorted(f.partition_values.items(), key=lambda kv: kv[0])) for f in files})
 
 
 def _already_applied(snapshot: Snapshot, txn: AppTransaction) -> MergeResult:
