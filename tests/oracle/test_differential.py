@@ -3,8 +3,6 @@ Data Feed tables, and a bounded number of random merges (``MERGE_DELTA_RANDOM_EX
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import itertools
 import os
 import shutil
@@ -26,18 +24,15 @@ from tests.engine.harness import clause, find_plan, join_plan, make_spec
 from tests.engine.test_merge import CASES, SOURCE, TARGET
 from tests.engine.test_merge_random import (
     ModelClause,
-    as_sorted,
     merges,
-    model_merge,
     random_merge_settings,
     skippable_rows,
     to_arrow,
     unacted_multiple_matches,
 )
+from tests.oracle.delta_faults import DELTA_UNEXPECTED_ROW, assert_as_modelled, delta_disagrees_with_itself
 from tests.oracle.differential import (
-    Side,
     assert_same,
-    delta_rows,
     merge_sql,
     prepare_copies,
     run_delta,
@@ -47,8 +42,6 @@ from tests.oracle.tables import latest_version
 
 EXAMPLES = int(os.environ.get("MERGE_DELTA_RANDOM_EXAMPLES", "10"))
 CDF = {"delta.enableChangeDataFeed": "true"}
-DELTA_UNEXPECTED_ROW = "Unexpected row: did not match any merge clause"
-"""Delta's own internal error where its writeAllChanges meets a row it expected a clause to act on."""
 
 RANDOM_FEATURES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "changeDataFeed": (CDF, ()),
@@ -131,106 +124,6 @@ def test_random_merges_match_delta(
         return
     assert_same(delta_spark, ours, theirs, columns, cdf=cdf)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def assert_as_modelled(delta_spark: SparkSession, ours: Side, case: dict[str, Any], clauses: list[ModelClause]) -> None:
-    """Where Delta has no trustworthy answer (docs/oracle.md), the engine's rows and result row are the reference
-    model's."""
-    columns = case["columns"]
-    expected, counts = model_merge(case["target"], case["source"], clauses, columns, on=case["on"])
-    assert ours.error is None, ours.error
-    assert delta_rows(delta_spark, ours.path, columns) == as_sorted(expected, columns)
-    assert ours.result is not None and {k: ours.result[k] for k in counts} == counts
-
-
-def delta_disagrees_with_itself(delta_spark: SparkSession, theirs: Side, start_rows: int, columns: list[str]) -> bool:
-    """Whether Delta's table holds other than the rows its own result row says (rows before, less those deleted,
-    plus those inserted): then the engine is judged by the reference model (docs/oracle.md)."""
-    if theirs.result is None:
-        return False
-    expected = start_rows - theirs.result["num_deleted_rows"] + theirs.result["num_inserted_rows"]
-    return len(delta_rows(delta_spark, theirs.path, columns)) != expected
-
-
-def test_delta_loses_a_row_where_cdf_meets_an_unconditional_delete_with_several_matches(
-    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
-) -> None:
-    """Delta on a Change Data Feed table: one unconditional WHEN MATCHED DELETE with several matches for a row
-    (allowed), and a NOT MATCHED BY SOURCE update. Delta's result row, operationMetrics and change rows report the
-    update of k = 1, but its data file lacks the updated row: the table loses it (with k = 1 the target file's
-    last row; in another order Delta keeps it). The engine writes it."""
-    target = pa.table(
-        {
-            "k": pa.array([3, 3, 6, None, 1], pa.int64()),
-            "c0": pa.array([dt.date(2024, 1, 1), None, None, None, dt.date(2024, 1, 1)], pa.date32()),
-        }
-    )
-    source = pa.table(
-        {
-            "k": pa.array([None, None, None, None, 0], pa.int64()),
-            "c0": pa.array([None, dt.date(2024, 1, 1), None, dt.date(1999, 12, 31), None], pa.date32()),
-        }
-    )
-    clauses = [
-        clause("notMatched", "insert", "s.k > 2", k="s.k", c0="DATE '1999-12-31'"),
-        clause("notMatched", "insert_all"),
-        clause("notMatchedBySource", "update", "t.k < 3", c0="DATE '1999-12-31'"),
-        clause("notMatchedBySource", "update", "t.c0 IS NOT NULL", c0="DATE '1999-12-31'"),
-        clause("matched", "delete"),
-    ]
-    ours, theirs, src = prepare_copies(tmp_path, target, source, configuration=CDF)
-    run_engine(spark, ours, src, "t.k <=> s.k", clauses, ())
-    run_delta(delta_spark, theirs, src, "t.k <=> s.k", clauses)
-    result = {"num_affected_rows": 4, "num_updated_rows": 2, "num_deleted_rows": 1, "num_inserted_rows": 1}
-    assert ours.result == theirs.result == result
-    want = [(0, None), (3, None), (6, None), (1, dt.date(1999, 12, 31)), (3, dt.date(1999, 12, 31))]
-    assert delta_rows(delta_spark, ours.path, ["k", "c0"]) == sorted(
-        want, key=lambda r: tuple((v is not None, str(v)) for v in r)
-    )
-    assert (1, dt.date(1999, 12, 31)) not in delta_rows(delta_spark, theirs.path, ["k", "c0"])
-    assert delta_disagrees_with_itself(delta_spark, theirs, 5, ["k", "c0"])
-    assert not delta_disagrees_with_itself(delta_spark, ours, 5, ["k", "c0"])
-
-
-def test_delta_fails_on_a_row_no_clause_acts_on_where_two_not_matched_by_source_clauses_repeat(
-    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
-) -> None:
-    """Delta on a table with deletion vectors, an empty source, ON ``t.k <=> s.k``, and the same NOT MATCHED BY
-    SOURCE update twice (the second can never act): its writeAllChanges meets the rows no clause acts on and
-    fails with its own internal error ("Unexpected row: did not match any merge clause"). The engine updates the
-    one row the condition holds for and keeps the others, as the reference model says."""
-    decimal_type = pa.decimal128(10, 2)
-    schema = pa.schema([("k", pa.int64()), ("c0", decimal_type), ("c1", pa.float64())])
-    target = pa.table(
-        {
-            "k": pa.array([1, 1, None], pa.int64()),
-            "c0": pa.array([decimal.Decimal("-2.25"), None, None], decimal_type),
-            "c1": pa.array([0.5, None, -1.25], pa.float64()),
-        },
-        schema=schema,
-    )
-    minus = "CAST('-2.25' AS DECIMAL(10,2))"
-    clauses = [
-        clause("notMatched", "insert_all", "s.c0 IS NULL"),
-        clause("notMatched", "insert_all", "s.c0 IS NULL"),
-        clause("matched", "update", "s.c0 IS NULL", c0="s.c0"),
-        clause("notMatchedBySource", "update", "t.c0 IS NOT NULL", c0=minus),
-        clause("notMatchedBySource", "update", "t.c0 IS NOT NULL", c0=minus),
-    ]
-    ours, theirs, src = prepare_copies(
-        tmp_path, target, schema.empty_table(), configuration={"delta.enableDeletionVectors": "true"}
-    )
-    on = "t.k <=> s.k"  # with t.k = s.k (and the ON conditions with a source- or target-only part) Delta succeeds
-    run_engine(spark, ours, src, on, clauses, ())
-    with pytest.raises(PySparkException, match=DELTA_UNEXPECTED_ROW):
-        run_delta(delta_spark, theirs, src, on, clauses)
-    assert latest_version(theirs.path) == theirs.start_version
-    assert ours.result == {"num_affected_rows": 1, "num_updated_rows": 1, "num_deleted_rows": 0, "num_inserted_rows": 0}
-    # The updated row keeps its value (-2.25 set to -2.25): the rows are the target's.
-    assert delta_rows(delta_spark, ours.path, ["k", "c0", "c1"]) == delta_rows(
-        delta_spark, theirs.path, ["k", "c0", "c1"]
-    )
-    assert ours.version == ours.start_version + 1
 
 
 def test_a_touched_file_no_clause_changes_is_committed_as_delta_does(
