@@ -6,10 +6,7 @@ row as Delta does, or, when ON pins each target row to one source key, with the 
 broadcast so that no target row is shuffled; ``write_all_changes`` rewrites only those files, joined with the
 source, through MergeOutputGeneration. When the key statistics say every candidate file will be touched, the
 single pass (single_pass.py) folds the first pass into the write.
-The merge-on-read variants: ``write_all_changes_with_deletion_vectors`` writes only updated and inserted rows
-and marks the rows they replace or delete in their files' deletion vectors; ``delete_with_deletion_vectors``
-gathers a delete-only merge's vectors in one job.
-InsertOnlyMergeExecutor is in insert_only.py.
+The merge-on-read variant (deletion vectors) is in merge_on_read.py, InsertOnlyMergeExecutor in insert_only.py.
 
 Around them: the join plans and the unmatched source rows in joins.py, the key bitmap in key_bitmap.py, ON's
 key equalities in join_keys.py, the written files and their metrics in write_files.py, and what the phases
@@ -21,17 +18,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
 from engine import delta, single_pass
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
-from engine.delta import AddCDCFile, AddFile
-from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
+from engine.delta import AddFile
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column
@@ -44,7 +38,6 @@ from engine.joins import (
 from engine.key_bitmap import KeyBitmap
 from engine.merge_condition import KeyedOn
 from engine.output import (
-    MATCHED_DELETE,
     SOURCE_ROW_INDEX_COL,
     SOURCE_ROW_PRESENT_COL,
     TARGET_ROW_INDEX_COL,
@@ -59,7 +52,6 @@ from engine.write_files import (
     observed_counts,
     record_write_metrics,
     write_changes,
-    write_changes_with_deletion_vectors,
 )
 
 MULTIPLE_MATCH_EXAMPLES = 5
@@ -70,9 +62,6 @@ ONE_TASK_GROUPING_ROWS = 1_000_000
 
 
 SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
-
-_DELETED_ROWS = "_deleted_row_indexes_"
-_DELETED_PAIRS = "_deleted_pairs_"
 
 
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
@@ -91,7 +80,7 @@ def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[
     return found
 
 
-def _is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
+def is_only_one_unconditional_delete(spec: MergeSpec) -> bool:
     only = spec.matched[0] if len(spec.matched) == 1 else None
     return only is not None and isinstance(only.action, DeleteAction) and only.condition is None
 
@@ -225,7 +214,7 @@ class ClassicMergeExecutor:
         if rows == 0:
             return
         ctx = self.ctx
-        if not _is_only_one_unconditional_delete(ctx.spec):
+        if not is_only_one_unconditional_delete(ctx.spec):
             raise MultipleMatchError(self._multiple_match_message(self._matches()))
         ctx.multiple_match_delete_overcount = matches - rows
         ctx.deduplicate_cdf_deletes = ctx.cdc_enabled
@@ -276,12 +265,19 @@ class ClassicMergeExecutor:
         return self._broadcast_join_for_write(source, counted, target, keep_unmatched_target=True)
 
     def _broadcast_join_for_write(
-        self, source: DataFrame, counted: DataFrame, target: DataFrame, *, keep_unmatched_target: bool
+        self,
+        source: DataFrame,
+        counted: DataFrame,
+        target: DataFrame,
+        *,
+        keep_unmatched_target: bool,
+        source_rows: int | None = None,
     ) -> DataFrame:
         """The source broadcast to the streamed target rows, united with the unmatched source rows; the target rows
-        no source row matches are kept (left outer) or left out (inner)."""
+        no source row matches are kept (left outer) or left out (inner). ``source_rows``: the source's row count
+        where findTouchedFiles has not counted it."""
         ctx = self.ctx
-        bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows"))
+        bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows", source_rows))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, ctx.spec.source_alias)
@@ -344,107 +340,3 @@ class ClassicMergeExecutor:
         record_write_metrics(ctx, observed_counts(observed), cdc_files, int(second_scan.get.get("rows", 0) or 0))
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return added, cdc_files
-
-    def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
-        """Delta's writeAllChanges with deletion vectors (Delta 3.1+): the touched files joined with the source
-        as in the copy-on-write path, but only updated and inserted rows are written; the target rows that
-        are updated or deleted are marked in their files' deletion vectors (DMLWithDeletionVectorsHelper)."""
-        ctx = self.ctx
-        spec = ctx.spec
-        start = time.monotonic()
-        target, source, dedup_columns = self._sides_for_write(file_columns=True)
-        second_scan = Observation("secondScan")
-        counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
-        s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
-        # A target row no source row matches is copied unless a NOT MATCHED BY SOURCE clause may change it, and a
-        # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
-        # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
-        keeps_target = bool(spec.not_matched_by_source)
-        if spec.not_matched and source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
-            # The target rows stream past the broadcast source instead of being shuffled to meet it.
-            joined = self._broadcast_join_for_write(source, counted, target, keep_unmatched_target=keeps_target)
-        else:
-            how = {
-                (False, False): "inner",
-                (False, True): "left_outer",
-                (True, False): "right_outer",
-                (True, True): "full_outer",
-            }[(keeps_target, bool(spec.not_matched))]
-            joined = counted.alias(s).join(target.alias(t), on, how)
-        added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
-            ctx, joined, dedup_columns, write_id=ctx.write_id
-        )
-        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
-        observed = second_scan.get
-        record_write_metrics(ctx, counts, cdc_files, int(observed.get("rows", 0) or 0) if observed else 0)
-        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
-        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
-        return DeletionVectorChanges(added, cdc_files, removed, updated)
-
-    def delete_with_deletion_vectors(self) -> DeletionVectorChanges:
-        """A merge whose every clause deletes matched rows, with deletion vectors and no Change Data Feed: no row
-        is written, so findTouchedFiles and the deleted rows' indexes come from one Spark job. (Delta runs three
-        over the same matches: findTouchedFiles, a writeAllChanges that writes nothing, and writeDVs.)"""
-        ctx = self.ctx
-        start = time.monotonic()
-        if not ctx.candidate_files:
-            self.find_touched_files()
-            return DeletionVectorChanges([], [], [], [])
-        obs = Observation("numSourceRows")
-        source = source_with_count(ctx, obs)
-        rows, touched, matches = self._matches_per_target_row(source, row_indexes=True)
-        per_file = (
-            rows.groupBy(delta.FILE_NAME_COL)
-            .agg(
-                F.collect_list(F.when(touched, F.col(delta.ROW_INDEX_COL))).alias(_DELETED_ROWS),
-                F.sum(F.when(touched, matches).otherwise(0)).alias(_DELETED_PAIRS),
-                F.count_if(matches > 1).alias("multiple_match_rows"),
-                F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
-            )
-            .collect()
-        )
-        ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
-        self._check_multiple_matches(
-            sum(int(r["multiple_match_rows"] or 0) for r in per_file),
-            sum(int(r["multiple_match_sum"] or 0) for r in per_file),
-        )
-        deleted = {r[delta.FILE_NAME_COL]: BitMap64(r[_DELETED_ROWS]) for r in per_file if r[_DELETED_ROWS]}
-        ctx.touched_files = [f for f in ctx.candidate_files if f.path in deleted]
-        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
-        if not ctx.touched_files:
-            return DeletionVectorChanges([], [], [], [])
-        write_start = time.monotonic()
-        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
-        pairs = sum(int(r[_DELETED_PAIRS] or 0) for r in per_file)
-        # The writeAllChanges Delta runs here reads every source row: the second scan and the first are one.
-        record_write_metrics(ctx, {MATCHED_DELETE: pairs}, [], ctx.metrics["numSourceRows"])
-        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
-        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - write_start) * 1000)
-        return DeletionVectorChanges([], [], removed, updated)
-
-
-def _record_deletion_vector_metrics(
-    m: dict[str, int], removed: list[AddFile], updated: list[tuple[AddFile, AddFile]]
-) -> None:
-    """Delta's counts for a merge with deletion vectors (as Delta on Spark reports them): no row is copied;
-    every new vector is added, every old vector of a touched file removed, and a new vector that replaces an
-    old one is also counted as updated."""
-    m["numTargetRowsCopied"] = 0
-    m["numTargetDeletionVectorsAdded"] = len(updated)
-    m["numTargetDeletionVectorsUpdated"] = sum(1 for old, _ in updated if old.deletion_vector is not None)
-    m["numTargetDeletionVectorsRemoved"] = sum(
-        1 for f in [*removed, *(old for old, _ in updated)] if f.deletion_vector is not None
-    )
-
-
-@dataclass(frozen=True)
-class DeletionVectorChanges:
-    """What a merge-on-read writeAllChanges leaves to commit."""
-
-    added: list[AddFile]
-    """The new data files: updated and inserted rows."""
-    cdc_files: list[AddCDCFile]
-    removed: list[AddFile]
-    """Touched files every row of which is now deleted: removed outright."""
-    updated: list[tuple[AddFile, AddFile]]
-    """Touched files given a new deletion vector: (the file as it was, the same path with the new vector)."""

@@ -8,9 +8,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    StructType,
-)
+from pyspark.sql.types import StructField, StructType
 
 from engine import delta
 from engine.context import MergeContext
@@ -171,16 +169,42 @@ def broadcast_full_outer(
     with ``unmatched``: the unmatched source rows, with the source's columns. Without ``keep_unmatched_target``
     it is ``source LEFT OUTER JOIN target`` (the target's join with the source is inner), still streaming the
     target past the broadcast source."""
+    with_source, target_fields = broadcast_join_target(
+        ctx, source, target, bitmap, keep_unmatched_target=keep_unmatched_target
+    )
+    return union_unmatched_source_rows(with_source, target_fields, source, unmatched, ctx.spec.source_alias)
+
+
+def broadcast_join_target(
+    ctx: MergeContext,
+    source: DataFrame,
+    target: DataFrame,
+    bitmap: KeyBitmap | None = None,
+    *,
+    keep_unmatched_target: bool = True,
+) -> tuple[DataFrame, list[StructField]]:
+    """The target streamed past the broadcast source (left outer, or inner without ``keep_unmatched_target``), and
+    the fields of the join's target side."""
     spec = ctx.spec
-    s = spec.source_alias
     on = ctx.resolved.on
     if bitmap is not None:
-        target, on = bitmap.probe_keys(target), bitmap.on(spec.target_alias, s)
+        target, on = bitmap.probe_keys(target), bitmap.on(spec.target_alias, spec.source_alias)
     how = "left_outer" if keep_unmatched_target else "inner"
-    with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(s)), on, how)
+    with_source = target.alias(spec.target_alias).join(F.broadcast(source.alias(spec.source_alias)), on, how)
+    return with_source, list(target.schema.fields)
+
+
+def union_unmatched_source_rows(
+    with_source: DataFrame,
+    target_fields: list[StructField],
+    source: DataFrame,
+    unmatched: DataFrame,
+    source_alias: str,
+) -> DataFrame:
+    """``with_source`` (the target's side, then the source's) united with the ``unmatched`` source rows."""
     padded = unmatched.select(
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in target.schema.fields],
-        *[F.col(qualified_column(s, f.name)) for f in source.schema.fields],
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in target_fields],
+        *[F.col(qualified_column(source_alias, f.name)) for f in source.schema.fields],
     )
     # Union is by position and keeps the first side's columns, qualifiers included.
     return with_source.union(padded)

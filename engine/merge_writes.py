@@ -11,6 +11,7 @@ from engine.delta import AddCDCFile, AddFile, Snapshot
 from engine.delta.dml_with_deletion_vectors import deletion_vectors_writable
 from engine.executors import ClassicMergeExecutor
 from engine.insert_only import InsertOnlyMergeExecutor
+from engine.merge_on_read import MergeOnReadExecutor
 from engine.result import Phase
 from engine.spec import MergeSpec
 
@@ -65,9 +66,15 @@ def _write_with_deletion_vectors(ctx: MergeContext, on_progress: Callable[[Phase
     """Merge-on-read: the touched files' changed rows are marked in their deletion vectors (a file every row of
     which goes is removed outright), and the rows they become are written to new files."""
     on_progress("finding_touched_files")
-    executor = ClassicMergeExecutor(ctx)
+    executor = MergeOnReadExecutor(ctx)
     if ctx.spec.is_delete_only and not ctx.cdc_enabled:
         changes = executor.delete_with_deletion_vectors()
+    elif executor.takes_one_scan():
+        on_progress("writing")
+        found = executor.write_all_changes_in_one_scan()
+        if found is None:
+            return MergeWrites(_only_inserts(ctx) if ctx.spec.not_matched else [], [], [], [])
+        changes = found
     else:
         touched, _ = executor.find_touched_files_or_write(on_progress)
         if not touched:

@@ -1,0 +1,249 @@
+"""Merge-on-read: Delta's ClassicMergeExecutor with deletion vectors (Delta 3.1+). Only updated and inserted rows
+are written; the target rows they replace, and the deleted ones, are marked in their files' deletion vectors.
+
+Copy-on-write needs findTouchedFiles before its write, to know which files to rewrite. Merge-on-read rewrites no
+file, so where every match touches its file the touched files and the multiple-match check come out of the write's
+own join (cached, and small: only matched target rows and source rows): one scan of the candidate files instead of
+two. A delete-only merge writes no row at all, and gathers its vectors in one Spark job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pyroaring import BitMap64
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from engine import delta
+from engine.context import observe, observed_source_rows, source_with_count
+from engine.delta import AddCDCFile, AddFile
+from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
+from engine.executors import ClassicMergeExecutor, is_only_one_unconditional_delete
+from engine.join_keys import keyed_join, qualified_column
+from engine.joins import (
+    broadcast_join_target,
+    source_fits_broadcast,
+    union_unmatched_source_rows,
+    unmatched_source_rows_by_matched_keys,
+)
+from engine.key_bitmap import KeyBitmap
+from engine.merge_condition import KeyedOn
+from engine.output import MATCHED_DELETE, TARGET_ROW_PRESENT_COL
+from engine.single_pass import touches_every_match
+from engine.spark import Observation
+from engine.write_files import record_write_metrics, write_changes_with_deletion_vectors
+
+_DELETED_ROWS = "_deleted_row_indexes_"
+_DELETED_PAIRS = "_deleted_pairs_"
+_MATCHES = "_matches_"
+
+
+@dataclass(frozen=True)
+class DeletionVectorChanges:
+    """What a merge-on-read writeAllChanges leaves to commit."""
+
+    added: list[AddFile]
+    """The new data files: updated and inserted rows."""
+    cdc_files: list[AddCDCFile]
+    removed: list[AddFile]
+    """Touched files every row of which is now deleted: removed outright."""
+    updated: list[tuple[AddFile, AddFile]]
+    """Touched files given a new deletion vector: (the file as it was, the same path with the new vector)."""
+
+
+class MergeOnReadExecutor(ClassicMergeExecutor):
+    def takes_one_scan(self) -> bool:
+        """Whether the write's join can find the touched files itself: every match touches its file (so a file is
+        touched exactly when the join gives it a target row), no NOT MATCHED BY SOURCE clause (the join then holds
+        only matched target rows), several matches are never allowed (no CDF deletes to deduplicate), and the
+        source's size is known before it is read (to plan the join as findTouchedFiles' count would)."""
+        ctx = self.ctx
+        spec = ctx.spec
+        return (
+            bool(ctx.candidate_files)
+            and not spec.not_matched_by_source
+            and touches_every_match(spec)
+            and not is_only_one_unconditional_delete(spec)
+            and ctx.source_rows_estimate is not None
+        )
+
+    def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
+        """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
+        start = time.monotonic()
+        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors()
+        return self._write_changes(joined, dedup_columns, second_scan, start)
+
+    def write_all_changes_in_one_scan(self) -> DeletionVectorChanges | None:
+        """writeAllChanges with deletion vectors over the candidate files, findTouchedFiles folded in
+        (``takes_one_scan``). None: no file is touched and nothing was written; the source's rows are then only
+        inserts."""
+        start = time.monotonic()
+        self.ctx.touched_files = list(self.ctx.candidate_files)  # read all; the touched ones follow from the join
+        cached: list[DataFrame] = []
+        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(cached)
+        joined = joined.persist()
+        cached.append(joined)
+        try:
+            if not self._find_touched_files_in(joined, second_scan, start):
+                return None
+            return self._write_changes(joined, dedup_columns, second_scan, time.monotonic())
+        finally:
+            for frame in cached:
+                frame.unpersist()
+
+    def _join_for_write_with_deletion_vectors(
+        self, one_scan: list[DataFrame] | None = None
+    ) -> tuple[DataFrame, list[str], Observation]:
+        """The touched files joined with the source as in the copy-on-write path, less the target rows no clause
+        may act on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count.
+        ``one_scan``: for the one scan, which adds what it caches."""
+        ctx = self.ctx
+        spec = ctx.spec
+        source_rows = ctx.metrics.get("numSourceRows", ctx.source_rows_estimate)
+        target, source, dedup_columns = self._sides_for_write(file_columns=True)
+        second_scan = Observation("secondScan")
+        counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
+        s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
+        # A target row no source row matches is copied unless a NOT MATCHED BY SOURCE clause may change it, and a
+        # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
+        # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
+        keeps_target = bool(spec.not_matched_by_source)
+        if spec.not_matched and source_fits_broadcast(ctx, source_rows, ctx.touched_files):
+            # The target rows stream past the broadcast source instead of being shuffled to meet it.
+            keyed = keyed_join(ctx) if one_scan is not None and not keeps_target else None
+            if keyed is not None and one_scan is not None:
+                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, source_rows, one_scan)
+            else:
+                joined = self._broadcast_join_for_write(
+                    source, counted, target, keep_unmatched_target=keeps_target, source_rows=source_rows
+                )
+        else:
+            how = {
+                (False, False): "inner",
+                (False, True): "left_outer",
+                (True, False): "right_outer",
+                (True, True): "full_outer",
+            }[(keeps_target, bool(spec.not_matched))]
+            joined = counted.alias(s).join(target.alias(t), on, how)
+        return joined, dedup_columns, second_scan
+
+    def _broadcast_join_with_matched_keys(
+        self,
+        source: DataFrame,
+        counted: DataFrame,
+        target: DataFrame,
+        keyed: KeyedOn,
+        source_rows: int | None,
+        cached: list[DataFrame],
+    ) -> DataFrame:
+        """The one scan's broadcast plan: the target's inner join with the broadcast source is cached, and the
+        unmatched source rows are those whose keys it did not meet (as findTouchedFiles' matched keys give them
+        to the two passes), so the target is not read again to find them."""
+        ctx = self.ctx
+        s = ctx.spec.source_alias
+        bitmap = KeyBitmap.for_merge(ctx, source_rows)
+        with_source, target_fields = broadcast_join_target(ctx, source, target, bitmap, keep_unmatched_target=False)
+        with_source = with_source.persist()
+        cached.append(with_source)
+        keys = with_source.select(
+            *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)]
+        )
+        unmatched = unmatched_source_rows_by_matched_keys(counted, keys, keyed, s)
+        return union_unmatched_source_rows(with_source, target_fields, source, unmatched, s)
+
+    def _find_touched_files_in(self, joined: DataFrame, second_scan: Observation, start: float) -> bool:
+        """findTouchedFiles from the write's cached join: every target row in it is matched. Sets the touched files
+        and the source's row count, fails on several matches for a row; answers whether any file is touched."""
+        ctx = self.ctx
+        per_file = (
+            joined.where(F.col(TARGET_ROW_PRESENT_COL).isNotNull())
+            .groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL)
+            .agg(F.count(F.lit(1)).alias(_MATCHES))
+            .groupBy(delta.FILE_NAME_COL)
+            .agg(
+                F.count_if(F.col(_MATCHES) > 1).alias("multiple_match_rows"),
+                F.sum(F.when(F.col(_MATCHES) > 1, F.col(_MATCHES)).otherwise(0)).alias("multiple_match_sum"),
+            )
+            .collect()
+        )
+        observed = second_scan.get
+        ctx.metrics["numSourceRows"] = int(observed["rows"]) if observed and "rows" in observed else ctx.source.count()
+        self._check_multiple_matches(
+            sum(int(r["multiple_match_rows"] or 0) for r in per_file),
+            sum(int(r["multiple_match_sum"] or 0) for r in per_file),
+        )
+        touched = {r[delta.FILE_NAME_COL] for r in per_file}
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched]
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        return bool(ctx.touched_files)
+
+    def _write_changes(
+        self, joined: DataFrame, dedup_columns: list[str], second_scan: Observation, start: float
+    ) -> DeletionVectorChanges:
+        ctx = self.ctx
+        added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
+            ctx, joined, dedup_columns, write_id=ctx.write_id
+        )
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
+        observed = second_scan.get
+        record_write_metrics(ctx, counts, cdc_files, int(observed.get("rows", 0) or 0) if observed else 0)
+        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return DeletionVectorChanges(added, cdc_files, removed, updated)
+
+    def delete_with_deletion_vectors(self) -> DeletionVectorChanges:
+        """A merge whose every clause deletes matched rows, with deletion vectors and no Change Data Feed: no row
+        is written, so findTouchedFiles and the deleted rows' indexes come from one Spark job. (Delta runs three
+        over the same matches: findTouchedFiles, a writeAllChanges that writes nothing, and writeDVs.)"""
+        ctx = self.ctx
+        start = time.monotonic()
+        if not ctx.candidate_files:
+            self.find_touched_files()
+            return DeletionVectorChanges([], [], [], [])
+        obs = Observation("numSourceRows")
+        source = source_with_count(ctx, obs)
+        rows, touched, matches = self._matches_per_target_row(source, row_indexes=True)
+        per_file = (
+            rows.groupBy(delta.FILE_NAME_COL)
+            .agg(
+                F.collect_list(F.when(touched, F.col(delta.ROW_INDEX_COL))).alias(_DELETED_ROWS),
+                F.sum(F.when(touched, matches).otherwise(0)).alias(_DELETED_PAIRS),
+                F.count_if(matches > 1).alias("multiple_match_rows"),
+                F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
+            )
+            .collect()
+        )
+        ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
+        self._check_multiple_matches(
+            sum(int(r["multiple_match_rows"] or 0) for r in per_file),
+            sum(int(r["multiple_match_sum"] or 0) for r in per_file),
+        )
+        deleted = {r[delta.FILE_NAME_COL]: BitMap64(r[_DELETED_ROWS]) for r in per_file if r[_DELETED_ROWS]}
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in deleted]
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        if not ctx.touched_files:
+            return DeletionVectorChanges([], [], [], [])
+        write_start = time.monotonic()
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
+        pairs = sum(int(r[_DELETED_PAIRS] or 0) for r in per_file)
+        # The writeAllChanges Delta runs here reads every source row: the second scan and the first are one.
+        record_write_metrics(ctx, {MATCHED_DELETE: pairs}, [], ctx.metrics["numSourceRows"])
+        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - write_start) * 1000)
+        return DeletionVectorChanges([], [], removed, updated)
+
+
+def _record_deletion_vector_metrics(
+    m: dict[str, int], removed: list[AddFile], updated: list[tuple[AddFile, AddFile]]
+) -> None:
+    """Delta's counts for a merge with deletion vectors (as Delta on Spark reports them): no row is copied;
+    every new vector is added, every old vector of a touched file removed, and a new vector that replaces an
+    old one is also counted as updated."""
+    m["numTargetRowsCopied"] = 0
+    m["numTargetDeletionVectorsAdded"] = len(updated)
+    m["numTargetDeletionVectorsUpdated"] = sum(1 for old, _ in updated if old.deletion_vector is not None)
+    m["numTargetDeletionVectorsRemoved"] = sum(
+        1 for f in [*removed, *(old for old, _ in updated)] if f.deletion_vector is not None
+    )

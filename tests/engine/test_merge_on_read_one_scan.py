@@ -1,0 +1,180 @@
+"""Merge-on-read finds the touched files in its write's own join where every match touches its file: one scan of
+the candidate files instead of findTouchedFiles' and writeAllChanges'. The same merge through both passes gives
+the same table, result row, metrics and change rows, reading the target's files twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql import DataFrame, SparkSession
+
+from engine import run_merge
+from engine.context import MergeContext
+from engine.delta import AddFile, load_snapshot
+from engine.errors import MultipleMatchError
+from engine.merge_on_read import MergeOnReadExecutor
+from engine.result import MergeResult
+from engine.spec import MergeClause
+from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
+from tests.engine.harness import clause, join_plan, make_spec, stray_files, write_table
+from tests.engine.test_single_pass import PLAN_DEPENDENT
+
+SIZES = {*PLAN_DEPENDENT, "numTargetChangeFileBytes"}
+"""What the plan may change: how the written rows are split into files (so their sizes), and where the time went."""
+
+UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+
+CASES: dict[str, list[MergeClause]] = {
+    "upsert": UPSERT,
+    "update_only": [clause("matched", "update", v="concat(t.v, s.v)")],
+    "conditional": [
+        clause("matched", "delete", "s.n % 3 = 0"),
+        clause("matched", "update", "t.n % 2 = 0", v="concat(t.v, s.v)"),
+        clause("notMatched", "insert", "s.n % 5 <> 0", id="s.id", v="'new'", n="s.n"),
+    ],
+    "delete_and_insert": [clause("matched", "delete", "s.n % 4 = 0"), clause("notMatched", "insert_all")],
+}
+"""Merges every match of which touches its file (an unconditional WHEN MATCHED clause, or WHEN NOT MATCHED ones)."""
+
+
+def _rows(ids: list[int], tag: str) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": [f"{tag}{i}" for i in ids], "n": pa.array(ids, pa.int64())})
+
+
+def _target(path: Path, *, cdf: bool) -> Path:
+    """Four files of 100 rows (the even ids 0-798), deletion vectors enabled."""
+    config = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    for start in range(0, 800, 200):
+        write_deltalake(str(path), _rows(list(range(start, start + 200, 2)), "t"), mode="append", configuration=config)
+    enable_deletion_vectors(path)
+    return path
+
+
+def _merge(
+    monkeypatch: pytest.MonkeyPatch,
+    spark: SparkSession,
+    target: Path,
+    source: Path,
+    clauses: list[MergeClause],
+    *,
+    one_scan: bool,
+) -> tuple[MergeResult, list[int]]:
+    """The merge, and the number of target files each of its scans of the target read; without ``one_scan``
+    through findTouchedFiles first."""
+    scans: list[int] = []
+    real = MergeContext.target_df
+
+    def counted(self: MergeContext, files: Sequence[AddFile], **kwargs: Any) -> DataFrame:
+        scans.append(len(files))
+        return real(self, files, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(MergeContext, "target_df", counted)
+        if not one_scan:
+            patched.setattr(MergeOnReadExecutor, "takes_one_scan", lambda self: False)
+        result = run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
+    return result, scans
+
+
+@pytest.mark.parametrize("cdf", [False, True], ids=["plain", "cdf"])
+@pytest.mark.parametrize("join", ["broadcast", "shuffle"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_scan_equals_two_passes(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, join: str, cdf: bool
+) -> None:
+    clauses = CASES[name]
+    # Keys in two of the four files (matching where even), and new ones.
+    source = write_table(tmp_path / "source", _rows([*range(10, 60, 3), *range(410, 430), 1000, 1001, 1002], "s"))
+    results = {}
+    for one_scan in (True, False):
+        target = _target(tmp_path / f"target-{one_scan}", cdf=cdf)
+        with join_plan(broadcast=join == "broadcast"):  # type: ignore[arg-type]
+            results[one_scan] = _merge(monkeypatch, spark, target, source, clauses, one_scan=one_scan)
+    (one, one_scans), (two, two_scans) = results[True], results[False]
+    assert one.result == two.result
+    assert {k: v for k, v in one.metrics.items() if k not in SIZES} == {
+        k: v for k, v in two.metrics.items() if k not in SIZES
+    }
+    assert one.metrics["numTargetDeletionVectorsAdded"] == 2
+    assert one_scans == [4]  # the candidate files, once
+    assert two_scans == [4, 2]  # findTouchedFiles' scan of the candidates, writeAllChanges' of the touched files
+    once, twice = tmp_path / "target-True", tmp_path / "target-False"
+    assert read_with_deltalake(once).to_pylist() == read_with_deltalake(twice).to_pylist()
+    vectors = _files_with_vectors(once)
+    assert vectors == _files_with_vectors(twice) == [0, 400]
+    if cdf:
+        version = load_snapshot(once).version
+        assert _change_rows(once, version) == _change_rows(twice, version)
+    assert stray_files(once) == set()
+
+
+def _files_with_vectors(path: Path) -> list[int]:
+    """The target files given a deletion vector, by their first id (file names differ between copies)."""
+    snapshot = load_snapshot(path)
+    return sorted(f.stats.min_values["id"] for f in snapshot.files if f.deletion_vector is not None and f.stats)
+
+
+def _change_rows(path: Path, version: int) -> list[tuple[Any, ...]]:
+    """The change rows of the commit at ``version``: its ``cdc`` files, as the log names them."""
+    log = (path / "_delta_log" / f"{version:020d}.json").read_text()
+    names = [json.loads(line)["cdc"]["path"] for line in log.splitlines() if '"cdc"' in line]
+    assert names, "a Change Data Feed merge that changes rows writes change files"
+    rows = [tuple(r.values()) for name in names for r in pq.read_table(path / name).to_pylist()]
+    return sorted(rows, key=str)
+
+
+def test_several_matches_fail_in_one_scan_and_leave_the_table(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = _target(tmp_path / "target", cdf=False)
+    before = read_with_deltalake(target).to_pylist()
+    version = load_snapshot(target).version
+    source = write_table(tmp_path / "source", _rows([6, 6, 250, 1000], "s"))
+    with pytest.raises(MultipleMatchError, match=r"id=6"):
+        _merge(monkeypatch, spark, target, source, UPSERT, one_scan=True)
+    assert load_snapshot(target).version == version
+    assert read_with_deltalake(target).to_pylist() == before
+    assert stray_files(target) == set()
+
+
+def test_no_touched_file_writes_only_the_inserts(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = _target(tmp_path / "target", cdf=False)
+    source = write_table(tmp_path / "source", _rows([151, 153], "s"))  # in the first file's range, not in it
+    result, _ = _merge(monkeypatch, spark, target, source, UPSERT, one_scan=True)
+    assert result.result == {
+        "num_affected_rows": 2,
+        "num_updated_rows": 0,
+        "num_deleted_rows": 0,
+        "num_inserted_rows": 2,
+    }
+    assert result.metrics["numTargetFilesRemoved"] == 0 and result.metrics["numTargetDeletionVectorsAdded"] == 0
+    assert result.metrics["numSourceRows"] == 2 and result.metrics["numTargetFilesAfterSkipping"] == 1
+    assert len(read_with_deltalake(target)) == 402
+
+
+def test_an_unconditional_delete_keeps_two_passes(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Several matches are allowed when the only WHEN MATCHED clause is an unconditional delete, and with Change
+    Data Feed its deletes are deduplicated by row: findTouchedFiles must know them before the write's join."""
+    target = _target(tmp_path / "target", cdf=False)
+    source = write_table(tmp_path / "source", _rows([6, 6, 250, 1000], "s"))
+    clauses = [clause("matched", "delete"), clause("notMatched", "insert_all")]
+    result, scans = _merge(monkeypatch, spark, target, source, clauses, one_scan=True)
+    assert scans == [4, 2]
+    assert result.result == {
+        "num_affected_rows": 3,
+        "num_updated_rows": 0,
+        "num_deleted_rows": 2,
+        "num_inserted_rows": 1,
+    }
+    assert len(read_with_deltalake(target)) == 399
