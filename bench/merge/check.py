@@ -97,14 +97,18 @@ def check_deltars_metrics(metrics: dict[str, Any], expected: Expected) -> list[s
     return [f"delta-rs metrics {got}, expected {want} (the bench's data is wrong)"] if got != want else []
 
 
-def has_deletion_vectors(path: Path, version: int) -> bool:
-    """Whether the commit at ``version`` gave any file a deletion vector (a merge-on-read merge does, unless it
-    only inserted)."""
+def merged_on_read(path: Path, version: int) -> bool:
+    """Whether the commit at ``version`` merged on read: it gave some file a deletion vector, or it removed touched
+    files whole (every row of theirs changed) and copied no row, as Delta does when a file's vector would cover
+    every row (the newest-5% upsert touches only such files)."""
     import json
 
+    removed, copied, vector = False, None, False
     log = path / "_delta_log" / f"{version:020d}.json"
     for line in log.read_text().splitlines():
         action = json.loads(line) if line.strip() else {}
-        if action.get("add", {}).get("deletionVector"):
-            return True
-    return False
+        vector = vector or bool(action.get("add", {}).get("deletionVector"))
+        removed = removed or "remove" in action
+        if "commitInfo" in action:
+            copied = (action["commitInfo"].get("operationMetrics") or {}).get("numTargetRowsCopied")
+    return vector or (removed and copied is not None and int(copied) == 0)

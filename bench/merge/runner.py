@@ -184,8 +184,8 @@ def check_outcome(ctx: Context, outcome: Outcome, peers: Sequence[Peer]) -> None
         version = DeltaTable(str(ctx.base(workload, peer))).version() + 1
         if out.get("table_version") != version:
             outcome.problems.append(f"{name} committed version {out.get('table_version')}, expected {version}")
-        elif workload.dv and workload.kind != "insert" and not check.has_deletion_vectors(path, version):
-            outcome.problems.append(f"{name} wrote no deletion vector on a table with deletion vectors enabled")
+        elif workload.dv and workload.kind != "insert" and not check.merged_on_read(path, version):
+            outcome.problems.append(f"{name} rewrote rows on a table with deletion vectors enabled")
         if workload.cdf and peer == "engine":
             _check_changes(outcome, path, theirs, version)
     for path in outcome.paths.values():
