@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, GroupedData
@@ -308,12 +308,16 @@ class ClassicMergeExecutor:
             on_progress("writing")
         return touched, written
 
-    def _sides_for_write(self, *, file_columns: bool) -> tuple[DataFrame, DataFrame, list[str]]:
-        """The touched files and the source for writeAllChanges' join, each marked present, with the row indexes
-        Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal)."""
+    def _sides_for_write(
+        self, *, file_columns: bool, files: Sequence[AddFile] | None = None
+    ) -> tuple[DataFrame, DataFrame, list[str]]:
+        """The touched files (or ``files``) and the source for writeAllChanges' join, each marked present, with the
+        row indexes Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal)."""
         ctx = self.ctx
         target = ctx.target_df(
-            ctx.touched_files, file_columns=file_columns, row_tracking=ctx.row_tracking_columns is not None
+            ctx.touched_files if files is None else files,
+            file_columns=file_columns,
+            row_tracking=ctx.row_tracking_columns is not None,
         )
         target = target.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))

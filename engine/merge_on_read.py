@@ -2,14 +2,16 @@
 are written; the target rows they replace, and the deleted ones, are marked in their files' deletion vectors.
 
 Copy-on-write needs findTouchedFiles before its write, to know which files to rewrite. Merge-on-read rewrites no
-file, so where every match touches its file the touched files and the multiple-match check come out of the write's
-own join (cached, and small: only matched target rows and source rows): one scan of the candidate files instead of
-two. A delete-only merge writes no row at all, and gathers its vectors in one Spark job.
+file, so where every match touches its file the write's own output rows hold every matched target row: the
+aggregation that gathers their row indexes also gives the touched files and the multiple-match check, one scan of
+the candidate files instead of two. A delete-only merge writes no row at all, and gathers its vectors in one Spark
+job.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pyroaring import BitMap64
@@ -20,6 +22,7 @@ from engine import delta
 from engine.context import observe, observed_source_rows, source_with_count
 from engine.delta import AddCDCFile, AddFile
 from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
+from engine.errors import MultipleMatchError
 from engine.executors import ClassicMergeExecutor, is_only_one_unconditional_delete
 from engine.join_keys import keyed_join, qualified_column
 from engine.joins import (
@@ -30,14 +33,18 @@ from engine.joins import (
 )
 from engine.key_bitmap import KeyBitmap
 from engine.merge_condition import KeyedOn
-from engine.output import MATCHED_DELETE, TARGET_ROW_PRESENT_COL
+from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
 from engine.spark import Observation
-from engine.write_files import record_write_metrics, write_changes_with_deletion_vectors
+from engine.write_files import (
+    DeletionVectorOutput,
+    project_changes_with_deletion_vectors,
+    record_write_metrics,
+    write_changes_with_deletion_vectors,
+)
 
 _DELETED_ROWS = "_deleted_row_indexes_"
 _DELETED_PAIRS = "_deleted_pairs_"
-_MATCHES = "_matches_"
 
 
 @dataclass(frozen=True)
@@ -72,37 +79,59 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
     def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
         """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
         start = time.monotonic()
-        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors()
-        return self._write_changes(joined, dedup_columns, second_scan, start)
+        cached: list[DataFrame] = []
+        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(self.ctx.touched_files, cached)
+        try:
+            output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns)
+            try:
+                return self._write_changes(output, dedup_columns, second_scan, start)
+            finally:
+                output.rows.unpersist()
+        finally:
+            for frame in cached:
+                frame.unpersist()
 
     def write_all_changes_in_one_scan(self) -> DeletionVectorChanges | None:
         """writeAllChanges with deletion vectors over the candidate files, findTouchedFiles folded in
-        (``takes_one_scan``). None: no file is touched and nothing was written; the source's rows are then only
-        inserts."""
+        (``takes_one_scan``): the write's output rows hold every matched target row, so the aggregation that
+        gathers their row indexes also gives the touched files and the multiple-match check, before anything is
+        written. None: no file is touched and nothing was written; the source's rows are then only inserts."""
+        ctx = self.ctx
         start = time.monotonic()
-        self.ctx.touched_files = list(self.ctx.candidate_files)  # read all; the touched ones follow from the join
         cached: list[DataFrame] = []
-        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(cached)
-        joined = joined.persist()
-        cached.append(joined)
+        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
+            ctx.candidate_files, cached, matched_keys=True
+        )
         try:
-            if not self._find_touched_files_in(joined, second_scan, start):
-                return None
-            return self._write_changes(joined, dedup_columns, second_scan, time.monotonic())
+            output = project_changes_with_deletion_vectors(ctx, joined, dedup_columns, count_repeated_matches=True)
+            try:
+                observed = second_scan.get
+                ctx.metrics["numSourceRows"] = int(observed["rows"]) if "rows" in observed else ctx.source.count()
+                if output.repeated_matches:
+                    # Never allowed here: the one scan leaves the lone unconditional delete to the two passes.
+                    raise MultipleMatchError(self._multiple_match_message(self._matches()))
+                ctx.touched_files = [f for f in ctx.candidate_files if f.path in output.target_files]
+                ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+                if not ctx.touched_files:
+                    return None
+                return self._write_changes(output, dedup_columns, second_scan, time.monotonic())
+            finally:
+                output.rows.unpersist()
         finally:
             for frame in cached:
                 frame.unpersist()
 
     def _join_for_write_with_deletion_vectors(
-        self, one_scan: list[DataFrame] | None = None
+        self, files: Sequence[AddFile], cache: list[DataFrame], *, matched_keys: bool = False
     ) -> tuple[DataFrame, list[str], Observation]:
-        """The touched files joined with the source as in the copy-on-write path, less the target rows no clause
-        may act on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count.
-        ``one_scan``: for the one scan, which adds what it caches."""
+        """``files`` joined with the source as in the copy-on-write path, less the target rows no clause may act
+        on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count. What the
+        join caches is added to ``cache``. ``matched_keys``: the broadcast plan finds the unmatched source rows
+        by the keys its cached inner join met (the one scan, which holds no target row unmatched)."""
         ctx = self.ctx
         spec = ctx.spec
         source_rows = ctx.metrics.get("numSourceRows", ctx.source_rows_estimate)
-        target, source, dedup_columns = self._sides_for_write(file_columns=True)
+        target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files)
         second_scan = Observation("secondScan")
         counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
@@ -110,11 +139,11 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
         # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
         keeps_target = bool(spec.not_matched_by_source)
-        if spec.not_matched and source_fits_broadcast(ctx, source_rows, ctx.touched_files):
+        if spec.not_matched and source_fits_broadcast(ctx, source_rows, files):
             # The target rows stream past the broadcast source instead of being shuffled to meet it.
-            keyed = keyed_join(ctx) if one_scan is not None and not keeps_target else None
-            if keyed is not None and one_scan is not None:
-                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, source_rows, one_scan)
+            keyed = keyed_join(ctx) if matched_keys else None
+            if keyed is not None:
+                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, source_rows, cache)
             else:
                 joined = self._broadcast_join_for_write(
                     source, counted, target, keep_unmatched_target=keeps_target, source_rows=source_rows
@@ -136,7 +165,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         target: DataFrame,
         keyed: KeyedOn,
         source_rows: int | None,
-        cached: list[DataFrame],
+        cache: list[DataFrame],
     ) -> DataFrame:
         """The one scan's broadcast plan: the target's inner join with the broadcast source is cached, and the
         unmatched source rows are those whose keys it did not meet (as findTouchedFiles' matched keys give them
@@ -146,49 +175,20 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         bitmap = KeyBitmap.for_merge(ctx, source_rows)
         with_source, target_fields = broadcast_join_target(ctx, source, target, bitmap, keep_unmatched_target=False)
         with_source = with_source.persist()
-        cached.append(with_source)
+        cache.append(with_source)
         keys = with_source.select(
             *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)]
         )
         unmatched = unmatched_source_rows_by_matched_keys(counted, keys, keyed, s)
         return union_unmatched_source_rows(with_source, target_fields, source, unmatched, s)
 
-    def _find_touched_files_in(self, joined: DataFrame, second_scan: Observation, start: float) -> bool:
-        """findTouchedFiles from the write's cached join: every target row in it is matched. Sets the touched files
-        and the source's row count, fails on several matches for a row; answers whether any file is touched."""
-        ctx = self.ctx
-        per_file = (
-            joined.where(F.col(TARGET_ROW_PRESENT_COL).isNotNull())
-            .groupBy(delta.FILE_NAME_COL, delta.ROW_INDEX_COL)
-            .agg(F.count(F.lit(1)).alias(_MATCHES))
-            .groupBy(delta.FILE_NAME_COL)
-            .agg(
-                F.count_if(F.col(_MATCHES) > 1).alias("multiple_match_rows"),
-                F.sum(F.when(F.col(_MATCHES) > 1, F.col(_MATCHES)).otherwise(0)).alias("multiple_match_sum"),
-            )
-            .collect()
-        )
-        observed = second_scan.get
-        ctx.metrics["numSourceRows"] = int(observed["rows"]) if observed and "rows" in observed else ctx.source.count()
-        self._check_multiple_matches(
-            sum(int(r["multiple_match_rows"] or 0) for r in per_file),
-            sum(int(r["multiple_match_sum"] or 0) for r in per_file),
-        )
-        touched = {r[delta.FILE_NAME_COL] for r in per_file}
-        ctx.touched_files = [f for f in ctx.candidate_files if f.path in touched]
-        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
-        return bool(ctx.touched_files)
-
     def _write_changes(
-        self, joined: DataFrame, dedup_columns: list[str], second_scan: Observation, start: float
+        self, output: DeletionVectorOutput, dedup_columns: list[str], second_scan: Observation, start: float
     ) -> DeletionVectorChanges:
         ctx = self.ctx
-        added, cdc_files, counts, deleted = write_changes_with_deletion_vectors(
-            ctx, joined, dedup_columns, write_id=ctx.write_id
-        )
-        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, deleted, prefix=ctx.write_id)
-        observed = second_scan.get
-        record_write_metrics(ctx, counts, cdc_files, int(observed.get("rows", 0) or 0) if observed else 0)
+        added, cdc_files = write_changes_with_deletion_vectors(ctx, output, dedup_columns, write_id=ctx.write_id)
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, output.deleted, prefix=ctx.write_id)
+        record_write_metrics(ctx, output.counts, cdc_files, _observed_rows(second_scan))
         _record_deletion_vector_metrics(ctx.metrics, removed, updated)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
         return DeletionVectorChanges(added, cdc_files, removed, updated)
@@ -233,6 +233,11 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         _record_deletion_vector_metrics(ctx.metrics, removed, updated)
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - write_start) * 1000)
         return DeletionVectorChanges([], [], removed, updated)
+
+
+def _observed_rows(second_scan: Observation) -> int:
+    observed = second_scan.get
+    return int(observed.get("rows", 0) or 0) if observed else 0
 
 
 def _record_deletion_vector_metrics(

@@ -4,6 +4,7 @@ actions' counts observed as the rows stream past, and Delta's write metrics reco
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame
@@ -123,6 +124,7 @@ def _project(
 
 
 _ROW_INDEXES = "_row_indexes_"
+_REPEATED_MATCHES = "_repeated_matches_"
 
 ONE_FILE_ROWS = 100_000
 """A deletion-vector merge that writes at most this many rows (updates, inserts, change rows) writes them as one
@@ -133,46 +135,76 @@ MODIFYING_ACTIONS = (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDAT
 """The actions whose target row leaves its file: marked deleted in the file's deletion vector."""
 
 
-def write_changes_with_deletion_vectors(
-    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], *, write_id: str
-) -> tuple[list[AddFile], list[AddCDCFile], dict[str, int], dict[str, BitMap64]]:
-    """Merge-on-read writeAllChanges: ``joined`` carries each target row's ``_file_name_`` and ``_row_index_``.
-    Only updated and inserted rows (and change rows) are written; copied rows stay where they are. Answers the
-    added data and change files, the rows of each action, and by file the row indexes of the target rows that
-    were updated or deleted (for the files' deletion vectors). The output is cached so that the write and the
-    row indexes come from the same rows."""
+@dataclass(frozen=True)
+class DeletionVectorOutput:
+    """MergeOutputGeneration's rows for a merge-on-read write, cached (release with ``rows.unpersist()``), and
+    what they hold per file: the write and the deletion vectors come from the same rows."""
+
+    rows: DataFrame
+    preimages: list[str]
+    counts: dict[str, int]
+    """The output rows of each action."""
+    deleted: dict[str, BitMap64]
+    """By file, the row indexes of the target rows updated or deleted."""
+    target_files: frozenset[str]
+    """The files with a target row among the output rows (matched, whether or not a clause changed it)."""
+    repeated_matches: int
+    """Matches of a target row beyond its first, over all rows (counted only when asked)."""
+
+
+def project_changes_with_deletion_vectors(
+    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], *, count_repeated_matches: bool = False
+) -> DeletionVectorOutput:
+    """Merge-on-read writeAllChanges up to its write: ``joined`` carries each target row's ``_file_name_`` and
+    ``_row_index_``. With ``count_repeated_matches`` the same aggregation also counts the target rows met more
+    than once, so a join that holds every matched row checks for several matches before anything is written."""
     file_columns = [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)]
     projected, preimages, codes = _project(ctx, joined, dedup_columns, file_columns)
     projected = projected.persist()
+    row_index = F.col(delta.ROW_INDEX_COL)
+    repeated = (
+        [(F.count(row_index) - F.size(F.array_distinct(F.collect_list(row_index)))).alias(_REPEATED_MATCHES)]
+        if count_repeated_matches
+        else []
+    )
     try:
         modifying = F.col(ACTION_COL).isin([action(c) for c in MODIFYING_ACTIONS])
         summary = (
             projected.groupBy(delta.FILE_NAME_COL)
-            .agg(
-                *action_counts(codes),
-                F.collect_list(F.when(modifying, F.col(delta.ROW_INDEX_COL))).alias(_ROW_INDEXES),
-            )
+            .agg(*action_counts(codes), F.collect_list(F.when(modifying, row_index)).alias(_ROW_INDEXES), *repeated)
             .collect()
         )
-        counts = dict.fromkeys(codes, 0)
-        deleted: dict[str, BitMap64] = {}
-        for row in summary:
-            for code in codes:
-                counts[code] += int(row[code] or 0)
-            if row[_ROW_INDEXES]:
-                deleted.setdefault(row[delta.FILE_NAME_COL], BitMap64()).update(row[_ROW_INDEXES])
-        written_actions = (MATCHED_UPDATE, NOT_MATCHED_BY_SOURCE_UPDATE, INSERT)
-        writes_rows = ctx.cdc_enabled or any(counts.get(c, 0) for c in written_actions)
-        added: list[AddFile] = []
-        cdc_files: list[AddCDCFile] = []
-        if writes_rows:
-            changed = sum(n for code, n in counts.items() if code != COPY)
-            # The output is cached: one task reads it back without running the join again.
-            rows = projected.coalesce(1) if changed <= ONE_FILE_ROWS else projected
-            added, cdc_files = write_output(ctx, rows, preimages, dedup_columns, write_id=write_id, copies=False)
-    finally:
+    except BaseException:
         projected.unpersist()
-    return added, cdc_files, counts, deleted
+        raise
+    counts = dict.fromkeys(codes, 0)
+    deleted: dict[str, BitMap64] = {}
+    for row in summary:
+        for code in codes:
+            counts[code] += int(row[code] or 0)
+        if row[_ROW_INDEXES]:
+            deleted.setdefault(row[delta.FILE_NAME_COL], BitMap64()).update(row[_ROW_INDEXES])
+    return DeletionVectorOutput(
+        rows=projected,
+        preimages=preimages,
+        counts=counts,
+        deleted=deleted,
+        target_files=frozenset(r[delta.FILE_NAME_COL] for r in summary if r[delta.FILE_NAME_COL] is not None),
+        repeated_matches=sum(int(r[_REPEATED_MATCHES] or 0) for r in summary) if count_repeated_matches else 0,
+    )
+
+
+def write_changes_with_deletion_vectors(
+    ctx: MergeContext, output: DeletionVectorOutput, dedup_columns: Sequence[str], *, write_id: str
+) -> WrittenFiles:
+    """Only updated and inserted rows (and change rows) are written; copied rows stay where they are."""
+    written_actions = (MATCHED_UPDATE, NOT_MATCHED_BY_SOURCE_UPDATE, INSERT)
+    if not (ctx.cdc_enabled or any(output.counts.get(c, 0) for c in written_actions)):
+        return [], []
+    changed = sum(n for code, n in output.counts.items() if code != COPY)
+    # The output is cached: one task reads it back without running the join again.
+    rows = output.rows.coalesce(1) if changed <= ONE_FILE_ROWS else output.rows
+    return write_output(ctx, rows, output.preimages, dedup_columns, write_id=write_id, copies=False)
 
 
 def write_output(
