@@ -272,17 +272,20 @@ class ClassicMergeExecutor:
         *,
         keep_unmatched_target: bool,
         source_rows: int | None = None,
+        files: Sequence[AddFile] | None = None,
     ) -> DataFrame:
         """The source broadcast to the streamed target rows, united with the unmatched source rows; the target rows
         no source row matches are kept (left outer) or left out (inner). ``source_rows``: the source's row count
-        where findTouchedFiles has not counted it."""
+        where findTouchedFiles has not counted it; ``files``: the files ``target`` reads, where they are not the
+        touched files."""
         ctx = self.ctx
         bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows", source_rows))
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, ctx.spec.source_alias)
         else:
-            unmatched = unmatched_source_rows(ctx, counted, ctx.touched_files, bitmap, probe=source)
+            read = ctx.touched_files if files is None else files
+            unmatched = unmatched_source_rows(ctx, counted, read, bitmap, probe=source)
         return broadcast_full_outer(ctx, source, target, unmatched, bitmap, keep_unmatched_target=keep_unmatched_target)
 
     def find_touched_files_or_write(

@@ -65,16 +65,21 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         """Whether the write's join can find the touched files itself: every match touches its file (so a file is
         touched exactly when the join gives it a target row), no NOT MATCHED BY SOURCE clause (the join then holds
         only matched target rows), several matches are never allowed (no CDF deletes to deduplicate), and the
-        source's size is known before it is read (to plan the join as findTouchedFiles' count would)."""
+        source's size is known before it is read (to plan the join as findTouchedFiles' count would). A broadcast
+        plan also needs ON as key equalities: else its unmatched source rows are found by reading the candidate
+        files again, where the two passes read only the touched ones."""
         ctx = self.ctx
         spec = ctx.spec
-        return (
-            bool(ctx.candidate_files)
+        if not (
+            ctx.candidate_files
             and not spec.not_matched_by_source
             and touches_every_match(spec)
             and not is_only_one_unconditional_delete(spec)
             and ctx.source_rows_estimate is not None
-        )
+        ):
+            return False
+        broadcast = spec.not_matched and source_fits_broadcast(ctx, ctx.source_rows_estimate, ctx.candidate_files)
+        return not broadcast or keyed_join(ctx) is not None
 
     def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
         """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
@@ -146,7 +151,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
                 joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, source_rows, cache)
             else:
                 joined = self._broadcast_join_for_write(
-                    source, counted, target, keep_unmatched_target=keeps_target, source_rows=source_rows
+                    source, counted, target, keep_unmatched_target=keeps_target, source_rows=source_rows, files=files
                 )
         else:
             how = {

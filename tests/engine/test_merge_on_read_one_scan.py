@@ -31,6 +31,11 @@ SIZES = {*PLAN_DEPENDENT, "numTargetChangeFileBytes"}
 
 UPSERT = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
 
+KEYS_ON = "t.id = s.id"
+MIXED_ON = "t.id = s.id AND t.n <= s.n"
+"""An ON that is not key equalities alone: a broadcast plan would find the unmatched source rows by reading the
+candidate files again, so such a merge takes the two passes."""
+
 CASES: dict[str, list[MergeClause]] = {
     "upsert": UPSERT,
     "update_only": [clause("matched", "update", v="concat(t.v, s.v)")],
@@ -65,6 +70,7 @@ def _merge(
     clauses: list[MergeClause],
     *,
     one_scan: bool,
+    on: str = KEYS_ON,
 ) -> tuple[MergeResult, list[int]]:
     """The merge, and the number of target files each of its scans of the target read; without ``one_scan``
     through findTouchedFiles first."""
@@ -79,15 +85,20 @@ def _merge(
         patched.setattr(MergeContext, "target_df", counted)
         if not one_scan:
             patched.setattr(MergeOnReadExecutor, "takes_one_scan", lambda self: False)
-        result = run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
+        result = run_merge(spark, make_spec(target, source, on, clauses))
     return result, scans
 
 
-@pytest.mark.parametrize("cdf", [False, True], ids=["plain", "cdf"])
-@pytest.mark.parametrize("join", ["broadcast", "shuffle"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    ("name", "join", "cdf", "on"),
+    [
+        *[(name, join, cdf, KEYS_ON) for name in CASES for join in ("broadcast", "shuffle") for cdf in (False, True)],
+        *[(name, "broadcast", False, MIXED_ON) for name in ("upsert", "conditional")],
+    ],
+    ids=lambda v: {False: "plain", True: "cdf", MIXED_ON: "mixed-on", KEYS_ON: "keys"}.get(v, v),
+)
 def test_one_scan_equals_two_passes(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, join: str, cdf: bool
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, join: str, cdf: bool, on: str
 ) -> None:
     clauses = CASES[name]
     # Keys in two of the four files (matching where even), and new ones.
@@ -96,15 +107,18 @@ def test_one_scan_equals_two_passes(
     for one_scan in (True, False):
         target = _target(tmp_path / f"target-{one_scan}", cdf=cdf)
         with join_plan(broadcast=join == "broadcast"):  # type: ignore[arg-type]
-            results[one_scan] = _merge(monkeypatch, spark, target, source, clauses, one_scan=one_scan)
+            results[one_scan] = _merge(monkeypatch, spark, target, source, clauses, one_scan=one_scan, on=on)
     (one, one_scans), (two, two_scans) = results[True], results[False]
     assert one.result == two.result
     assert {k: v for k, v in one.metrics.items() if k not in SIZES} == {
         k: v for k, v in two.metrics.items() if k not in SIZES
     }
     assert one.metrics["numTargetDeletionVectorsAdded"] == 2
-    assert one_scans == [4]  # the candidate files, once
-    assert two_scans == [4, 2]  # findTouchedFiles' scan of the candidates, writeAllChanges' of the touched files
+    if on == KEYS_ON:
+        assert one_scans == [4]  # the candidate files, once
+        assert two_scans == [4, 2]  # findTouchedFiles' scan of the candidates, writeAllChanges' of the touched files
+    else:  # the two passes, the touched files read again for the unmatched source rows
+        assert one_scans == two_scans == [4, 2, 2]
     once, twice = tmp_path / "target-True", tmp_path / "target-False"
     assert read_with_deltalake(once).to_pylist() == read_with_deltalake(twice).to_pylist()
     vectors = _files_with_vectors(once)
