@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame
@@ -88,15 +88,25 @@ class ResolvedMerge:
 
 
 def _qualified_with(node: exp.Expression, alias: str) -> exp.Expression:
-    """Bare columns belong to ``alias``, the one side a NOT MATCHED [BY SOURCE] clause sees."""
+    """Bare columns belong to ``alias``, the one side a NOT MATCHED [BY SOURCE] clause sees; so does a struct's
+    field named without it (``st.b``), which the other side's column of the same name must not make ambiguous."""
     lambda_vars: set[str] = set()
     for lam in node.find_all(exp.Lambda):
         lambda_vars.update(str(e.name).lower() for e in lam.expressions)
+    qualifier = exp.to_identifier(alias, quoted=True)
 
     def visit(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Column) and not n.table and str(n.name).lower() not in lambda_vars:
-            return exp.column(n.this.copy(), table=exp.to_identifier(alias, quoted=True))
-        return n
+        if not isinstance(n, exp.Column):
+            return n
+        parts = [cast(exp.Identifier, p.copy()) for p in n.parts]
+        first = str(parts[0].name).lower()
+        if first in lambda_vars or first == alias.lower() or len(parts) > 3:
+            return n
+        if len(parts) == 1:
+            return exp.column(n.this.copy(), table=qualifier.copy())
+        if len(parts) == 2:
+            return exp.column(n.this.copy(), table=parts[0], db=qualifier.copy())
+        return exp.column(n.this.copy(), table=parts[1], db=parts[0], catalog=qualifier.copy())
 
     return node.copy().transform(visit)
 

@@ -239,6 +239,33 @@ def test_insert_clause_cannot_see_the_target(spark: SparkSession, tmp_path: Path
         run_merge(spark, spec)
 
 
+def test_a_one_sided_clause_reads_a_struct_field_named_without_alias_on_its_side(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``st.b`` in a NOT MATCHED BY SOURCE clause is the target's field, in a NOT MATCHED clause the source's, though
+    both tables have a column ``st`` (Delta resolves a one-sided clause against its side alone)."""
+    struct = pa.struct([("a", pa.int64()), ("b", pa.string())])
+
+    def table(ids: list[int], tag: str) -> pa.Table:
+        return pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "st": pa.array([{"a": i, "b": f"{tag}{i}"} for i in ids], struct),
+                "v": pa.array([None] * len(ids), pa.string()),
+            }
+        )
+
+    target = write_table(tmp_path / "t", table([1, 2], "t"))
+    source = write_table(tmp_path / "s", table([2, 3], "s"))
+    clauses = [
+        clause("notMatched", "insert", id="id", st="st", v="concat(st.b, '+')"),
+        clause("notMatchedBySource", "update", "st.a = 1", v="concat(st.b, '-')"),
+    ]
+    result = run_merge(spark, make_spec(target, source, "t.id = s.id", clauses))
+    assert result.metrics["numTargetRowsInserted"] == 1 and result.metrics["numTargetRowsUpdated"] == 1
+    assert sorted(rows(target, ["id", "v"])) == [(1, "t1-"), (2, None), (3, "s3+")]
+
+
 def test_missing_target_is_table_not_found(spark: SparkSession, tmp_path: Path) -> None:
     source = write_table(tmp_path / "s", SOURCE)
     with pytest.raises(TableNotFoundError):
