@@ -312,16 +312,27 @@ class ClassicMergeExecutor:
         return touched, written
 
     def _sides_for_write(
-        self, *, file_columns: bool, files: Sequence[AddFile] | None = None
+        self,
+        *,
+        file_columns: bool,
+        files: Sequence[AddFile] | None = None,
+        columns: frozenset[str] | None = None,
     ) -> tuple[DataFrame, DataFrame, list[str]]:
         """The touched files (or ``files``) and the source for writeAllChanges' join, each marked present, with the
-        row indexes Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal)."""
+        row indexes Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal).
+        ``columns``: the only table columns to read (None: all)."""
         ctx = self.ctx
         target = ctx.target_df(
             ctx.touched_files if files is None else files,
             file_columns=file_columns,
             row_tracking=ctx.row_tracking_columns is not None,
         )
+        if columns is not None:
+            table = [f.name for f in ctx.snapshot.spark_schema.fields]
+            extra = [delta.FILE_NAME_COL, delta.ROW_INDEX_COL] if file_columns else []
+            if ctx.row_tracking_columns is not None:
+                extra += [delta.ROW_ID_COL, delta.ROW_COMMIT_VERSION_COL]
+            target = target.select(*[quote_identifier(n) for n in table if n in columns], *extra)
         target = target.withColumn(TARGET_ROW_PRESENT_COL, F.lit(True))
         source = ctx.source.withColumn(SOURCE_ROW_PRESENT_COL, F.lit(True))
         dedup_columns: list[str] = []

@@ -85,9 +85,12 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
         start = time.monotonic()
         cached: list[DataFrame] = []
-        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(self.ctx.touched_files, cached)
+        columns = self._target_columns()
+        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
+            self.ctx.touched_files, cached, columns=columns
+        )
         try:
-            output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns)
+            output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns, target_columns=columns)
             try:
                 return self._write_changes(output, dedup_columns, second_scan, start)
             finally:
@@ -104,11 +107,14 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         ctx = self.ctx
         start = time.monotonic()
         cached: list[DataFrame] = []
+        columns = self._target_columns()
         joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
-            ctx.candidate_files, cached, matched_keys=True
+            ctx.candidate_files, cached, matched_keys=True, columns=columns
         )
         try:
-            output = project_changes_with_deletion_vectors(ctx, joined, dedup_columns, count_repeated_matches=True)
+            output = project_changes_with_deletion_vectors(
+                ctx, joined, dedup_columns, count_repeated_matches=True, target_columns=columns
+            )
             try:
                 observed = second_scan.get
                 ctx.metrics["numSourceRows"] = int(observed["rows"]) if "rows" in observed else ctx.source.count()
@@ -126,17 +132,28 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
             for frame in cached:
                 frame.unpersist()
 
+    def _target_columns(self) -> frozenset[str] | None:
+        """The table columns the write reads: a copied or deleted row is never written, so without Change Data
+        Feed (whose change rows carry the whole target row) only those ON and the clauses read; None: all."""
+        return None if self.ctx.cdc_enabled else self.ctx.resolved.target_columns_read
+
     def _join_for_write_with_deletion_vectors(
-        self, files: Sequence[AddFile], cache: list[DataFrame], *, matched_keys: bool = False
+        self,
+        files: Sequence[AddFile],
+        cache: list[DataFrame],
+        *,
+        matched_keys: bool = False,
+        columns: frozenset[str] | None = None,
     ) -> tuple[DataFrame, list[str], Observation]:
         """``files`` joined with the source as in the copy-on-write path, less the target rows no clause may act
         on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count. What the
         join caches is added to ``cache``. ``matched_keys``: the broadcast plan finds the unmatched source rows
-        by the keys its cached inner join met (the one scan, which holds no target row unmatched)."""
+        by the keys its cached inner join met (the one scan, which holds no target row unmatched). ``columns``:
+        the only table columns read."""
         ctx = self.ctx
         spec = ctx.spec
         source_rows = ctx.metrics.get("numSourceRows", ctx.source_rows_estimate)
-        target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files)
+        target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files, columns=columns)
         second_scan = Observation("secondScan")
         counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on

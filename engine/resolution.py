@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, cast
 
 from pyspark.errors import PySparkException
@@ -33,6 +34,7 @@ from engine.merge_condition import MergeCondition
 from engine.schema_evolution import evolved_schema
 from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
 from engine.store_assignment import sql_string, sql_type, stored_columns, stored_sql
+from engine.target_reads import target_columns_read
 from engine.validation import ParsedMerge, check_scope, clause_where
 
 
@@ -81,6 +83,23 @@ class ResolvedMerge:
     not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
     identity_generated: list[str] = field(default_factory=list)
     """Identity columns some INSERT generates values for: the commit raises their high-water marks."""
+    clause_sql: tuple[str, ...] = ()
+    """Every clause's condition and values as Spark is given them."""
+    target_names: tuple[str, ...] = ()
+    target_alias: str = "t"
+    source_alias: str = "s"
+
+    @cached_property
+    def target_columns_read(self) -> frozenset[str] | None:
+        """The target's columns ON, the conditions and the values may read (None: all): what a write that never
+        writes a copied or deleted target row needs of the target. Worked out only when such a write asks (ON's
+        tree is read, not its text again)."""
+        return target_columns_read(
+            [self.on_condition.tree, *self.clause_sql],
+            self.target_names,
+            target_alias=self.target_alias,
+            source_alias=self.source_alias,
+        )
 
     @property
     def schema_changed(self) -> bool:
@@ -231,6 +250,9 @@ class Resolver:
                 self._resolved_clause(clause, index, cond_sql, values, clause_types, out_fields)
             )
         resolved.identity_generated = sorted(self.identity_generated)
+        resolved.clause_sql = tuple(text for _, _, text in items[1:])
+        resolved.target_names = tuple(self.target_schema.fieldNames())
+        resolved.target_alias, resolved.source_alias = self.t, self.s
         return resolved
 
     def _clause_items(

@@ -67,16 +67,24 @@ def write_changes(
 
 
 def _project(
-    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], extra: Sequence[Column]
+    ctx: MergeContext,
+    joined: DataFrame,
+    dedup_columns: Sequence[str],
+    extra: Sequence[Column],
+    target_columns: frozenset[str] | None = None,
 ) -> tuple[DataFrame, list[str], list[str]]:
     """The output rows of MergeOutputGeneration (with CDF, each with its target row as it was), the preimage
-    columns, and the action codes some clause can yield."""
+    columns, and the action codes some clause can yield. ``target_columns``: the only table columns ``joined``
+    holds; a copied or deleted row carries NULL in the others (a write that keeps no such row)."""
     spec = ctx.spec
     cdc = ctx.cdc_enabled
     clauses = [*ctx.resolved.matched, *ctx.resolved.not_matched, *ctx.resolved.not_matched_by_source]
     joined, lookups = generate_precomputed_conditions_and_df(joined, clauses)
-    existing = {f.name.lower() for f in ctx.snapshot.spark_schema.fields}
-    tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing, ctx.resolved.target_values)
+    existing = {
+        f.name.lower() for f in ctx.snapshot.spark_schema.fields if target_columns is None or f.name in target_columns
+    }
+    converted = {k: v for k, v in ctx.resolved.target_values.items() if k in existing}
+    tcols = target_write_cols(ctx.resolved.output_fields, spec.target_alias, existing, converted)
     output_cols = generate_write_all_changes_output_cols(
         tcols,
         ctx.output_names,
@@ -153,13 +161,20 @@ class DeletionVectorOutput:
 
 
 def project_changes_with_deletion_vectors(
-    ctx: MergeContext, joined: DataFrame, dedup_columns: Sequence[str], *, count_repeated_matches: bool = False
+    ctx: MergeContext,
+    joined: DataFrame,
+    dedup_columns: Sequence[str],
+    *,
+    count_repeated_matches: bool = False,
+    target_columns: frozenset[str] | None = None,
 ) -> DeletionVectorOutput:
     """Merge-on-read writeAllChanges up to its write: ``joined`` carries each target row's ``_file_name_`` and
     ``_row_index_``. With ``count_repeated_matches`` the same aggregation also counts the target rows met more
-    than once, so a join that holds every matched row checks for several matches before anything is written."""
+    than once, so a join that holds every matched row checks for several matches before anything is written.
+    ``target_columns``: the only table columns ``joined`` holds (without Change Data Feed)."""
+    assert target_columns is None or not ctx.cdc_enabled, "change rows carry the whole target row"
     file_columns = [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)]
-    projected, preimages, codes = _project(ctx, joined, dedup_columns, file_columns)
+    projected, preimages, codes = _project(ctx, joined, dedup_columns, file_columns, target_columns)
     projected = projected.persist()
     row_index = F.col(delta.ROW_INDEX_COL)
     repeated = (
