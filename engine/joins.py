@@ -144,7 +144,9 @@ def unmatched_source_rows_by_matched_keys(
     source: DataFrame, matched: DataFrame, keyed: KeyedOn, source_alias: str
 ) -> DataFrame:
     """``source LEFT ANTI JOIN target`` from the keys findTouchedFiles saw matched: a source row matches
-    some target row exactly when its key is among them and it passes ON's source-only conjuncts."""
+    some target row exactly when its key is among them and it passes ON's source-only conjuncts. The keys are
+    broadcast (they are fewer than the source rows, which the plans that call this broadcast), so the source
+    streams past them instead of being shuffled to meet them."""
     names = [f"_key_{i}_" for i in range(len(keyed.keys))]
     condition = key_condition(
         keyed,
@@ -153,7 +155,8 @@ def unmatched_source_rows_by_matched_keys(
     )
     for predicate in keyed.source_only:
         condition = condition & F.expr(sql(predicate))
-    return source.alias(source_alias).join(matched.select(*names).alias(MATCHED_KEYS_ALIAS), condition, "left_anti")
+    keys = F.broadcast(matched.select(*names).alias(MATCHED_KEYS_ALIAS))
+    return source.alias(source_alias).join(keys, condition, "left_anti")
 
 
 def broadcast_full_outer(
