@@ -20,6 +20,14 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.context import observe, observed_source_rows, source_with_count
+from engine.deletion_vector_output import (
+    OBSERVED_FILES_MAX,
+    OBSERVED_SOURCE_ROWS_MAX,
+    DeletionVectorOutput,
+    project_changes_with_deletion_vectors,
+    write_changes_observing_target_rows,
+    write_changes_with_deletion_vectors,
+)
 from engine.delta import AddCDCFile, AddFile
 from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
 from engine.errors import MultipleMatchError
@@ -36,12 +44,7 @@ from engine.merge_condition import KeyedOn
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
 from engine.spark import Observation
-from engine.write_files import (
-    DeletionVectorOutput,
-    project_changes_with_deletion_vectors,
-    record_write_metrics,
-    write_changes_with_deletion_vectors,
-)
+from engine.write_files import record_write_metrics
 
 _DELETED_ROWS = "_deleted_row_indexes_"
 _DELETED_PAIRS = "_deleted_pairs_"
@@ -101,26 +104,65 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
 
     def write_all_changes_in_one_scan(self) -> DeletionVectorChanges | None:
         """writeAllChanges with deletion vectors over the candidate files, findTouchedFiles folded in
-        (``takes_one_scan``): the write's output rows hold every matched target row, so the aggregation that
-        gathers their row indexes also gives the touched files and the multiple-match check, before anything is
-        written. None: no file is touched and nothing was written; the source's rows are then only inserts."""
+        (``takes_one_scan``): the write's output rows hold every matched target row, so the rows it observes as
+        it writes them also give the touched files and the multiple-match check, judged before the commit. None:
+        no file is touched and nothing was written; the source's rows are then only inserts."""
+        ctx = self.ctx
+        estimate = ctx.source_rows_estimate
+        if len(ctx.candidate_files) >= OBSERVED_FILES_MAX or estimate is None or estimate > OBSERVED_SOURCE_ROWS_MAX:
+            return self.write_all_changes_in_one_scan_after_aggregation()
+        start = time.monotonic()
+        cached: list[DataFrame] = []
+        columns = self._target_columns()
+        joined, dedup_columns, second_scan = self._one_scan_join(cached, columns)
+        try:
+            written = write_changes_observing_target_rows(
+                ctx,
+                joined,
+                dedup_columns,
+                ctx.candidate_files,
+                # Each source row yields at most one written row, and with Change Data Feed two change rows.
+                expected_rows=estimate * (3 if ctx.cdc_enabled else 1),
+                target_columns=columns,
+            )
+        finally:
+            for frame in cached:
+                frame.unpersist()
+        if written is None:
+            # Spark did not report what the write saw (or it saw too many target rows): what it wrote goes, and an
+            # aggregation answers first.
+            delta.discard_write(ctx.snapshot, ctx.write_id)
+            return self.write_all_changes_in_one_scan_after_aggregation()
+        self._count_source_rows(second_scan)
+        ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+        if not written.target_files:
+            # No file touched: what was written goes, and the source's rows are written as inserts alone.
+            delta.discard_write(ctx.snapshot, ctx.write_id)
+            return None
+        self._refuse_several_matches(written.repeated_matches)
+        ctx.touched_files = [f for f in ctx.candidate_files if f.path in written.target_files]
+        removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, written.deleted, prefix=ctx.write_id)
+        record_write_metrics(ctx, written.counts, written.cdc_files, _observed_rows(second_scan))
+        _record_deletion_vector_metrics(ctx.metrics, removed, updated)
+        # One Spark job both found the touched files and wrote their changes: each time counts it.
+        ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
+        return DeletionVectorChanges(written.added, written.cdc_files, removed, updated)
+
+    def write_all_changes_in_one_scan_after_aggregation(self) -> DeletionVectorChanges | None:
+        """``write_all_changes_in_one_scan`` with the touched files and the row indexes gathered by an aggregation
+        over the cached output rows before the write."""
         ctx = self.ctx
         start = time.monotonic()
         cached: list[DataFrame] = []
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
-            ctx.candidate_files, cached, matched_keys=True, columns=columns
-        )
+        joined, dedup_columns, second_scan = self._one_scan_join(cached, columns)
         try:
             output = project_changes_with_deletion_vectors(
                 ctx, joined, dedup_columns, count_repeated_matches=True, target_columns=columns
             )
             try:
-                observed = second_scan.get
-                ctx.metrics["numSourceRows"] = int(observed["rows"]) if "rows" in observed else ctx.source.count()
-                if output.repeated_matches:
-                    # Never allowed here: the one scan leaves the lone unconditional delete to the two passes.
-                    raise MultipleMatchError(self._multiple_match_message(self._matches()))
+                self._count_source_rows(second_scan)
+                self._refuse_several_matches(output.repeated_matches)
                 ctx.touched_files = [f for f in ctx.candidate_files if f.path in output.target_files]
                 ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
                 if not ctx.touched_files:
@@ -131,6 +173,23 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         finally:
             for frame in cached:
                 frame.unpersist()
+
+    def _one_scan_join(
+        self, cached: list[DataFrame], columns: frozenset[str] | None
+    ) -> tuple[DataFrame, list[str], Observation]:
+        return self._join_for_write_with_deletion_vectors(
+            self.ctx.candidate_files, cached, matched_keys=True, columns=columns
+        )
+
+    def _count_source_rows(self, second_scan: Observation) -> None:
+        observed = second_scan.get
+        ctx = self.ctx
+        ctx.metrics["numSourceRows"] = int(observed["rows"]) if "rows" in observed else ctx.source.count()
+
+    def _refuse_several_matches(self, repeated_matches: int) -> None:
+        if repeated_matches:
+            # Never allowed in the one scan: it leaves the lone unconditional delete to the two passes.
+            raise MultipleMatchError(self._multiple_match_message(self._matches()))
 
     def _target_columns(self) -> frozenset[str] | None:
         """The table columns the write reads: a copied or deleted row is never written, so without Change Data

@@ -4,9 +4,7 @@ actions' counts observed as the rows stream past, and Delta's write metrics reco
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -54,7 +52,7 @@ def write_changes(
 ) -> tuple[list[AddFile], list[AddCDCFile], Observation]:
     """MergeOutputGeneration over the joined rows, written; ``probes`` are columns computed on the joined
     rows only for ``probe_metrics`` to observe."""
-    projected, preimages, codes = _project(ctx, joined, dedup_columns, probes)
+    projected, preimages, codes = project_output(ctx, joined, dedup_columns, probes)
     obs = Observation("writeAllChanges")
     observed = observe(
         projected,
@@ -66,7 +64,7 @@ def write_changes(
     return added, cdc_files, obs
 
 
-def _project(
+def project_output(
     ctx: MergeContext,
     joined: DataFrame,
     dedup_columns: Sequence[str],
@@ -129,97 +127,6 @@ def _project(
     if ctx.resolved.not_matched:
         codes.append(INSERT)
     return projected, preimages, codes
-
-
-_ROW_INDEXES = "_row_indexes_"
-_REPEATED_MATCHES = "_repeated_matches_"
-
-ONE_FILE_ROWS = 100_000
-"""A deletion-vector merge that writes at most this many rows (updates, inserts, change rows) writes them as one
-file: else each touched file's few changed rows become a file of their own, and every later merge has to scan and
-touch that trail of tiny files (Delta's adaptive plan coalesces such a small write to one task, too)."""
-
-MODIFYING_ACTIONS = (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE)
-"""The actions whose target row leaves its file: marked deleted in the file's deletion vector."""
-
-
-@dataclass(frozen=True)
-class DeletionVectorOutput:
-    """MergeOutputGeneration's rows for a merge-on-read write, cached (release with ``rows.unpersist()``), and
-    what they hold per file: the write and the deletion vectors come from the same rows."""
-
-    rows: DataFrame
-    preimages: list[str]
-    counts: dict[str, int]
-    """The output rows of each action."""
-    deleted: dict[str, BitMap64]
-    """By file, the row indexes of the target rows updated or deleted."""
-    target_files: frozenset[str]
-    """The files with a target row among the output rows (matched, whether or not a clause changed it)."""
-    repeated_matches: int
-    """Matches of a target row beyond its first, over all rows (counted only when asked)."""
-
-
-def project_changes_with_deletion_vectors(
-    ctx: MergeContext,
-    joined: DataFrame,
-    dedup_columns: Sequence[str],
-    *,
-    count_repeated_matches: bool = False,
-    target_columns: frozenset[str] | None = None,
-) -> DeletionVectorOutput:
-    """Merge-on-read writeAllChanges up to its write: ``joined`` carries each target row's ``_file_name_`` and
-    ``_row_index_``. With ``count_repeated_matches`` the same aggregation also counts the target rows met more
-    than once, so a join that holds every matched row checks for several matches before anything is written.
-    ``target_columns``: the only table columns ``joined`` holds (without Change Data Feed)."""
-    assert target_columns is None or not ctx.cdc_enabled, "change rows carry the whole target row"
-    file_columns = [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)]
-    projected, preimages, codes = _project(ctx, joined, dedup_columns, file_columns, target_columns)
-    projected = projected.persist()
-    row_index = F.col(delta.ROW_INDEX_COL)
-    repeated = (
-        [(F.count(row_index) - F.size(F.array_distinct(F.collect_list(row_index)))).alias(_REPEATED_MATCHES)]
-        if count_repeated_matches
-        else []
-    )
-    try:
-        modifying = F.col(ACTION_COL).isin([action(c) for c in MODIFYING_ACTIONS])
-        summary = (
-            projected.groupBy(delta.FILE_NAME_COL)
-            .agg(*action_counts(codes), F.collect_list(F.when(modifying, row_index)).alias(_ROW_INDEXES), *repeated)
-            .collect()
-        )
-    except BaseException:
-        projected.unpersist()
-        raise
-    counts = dict.fromkeys(codes, 0)
-    deleted: dict[str, BitMap64] = {}
-    for row in summary:
-        for code in codes:
-            counts[code] += int(row[code] or 0)
-        if row[_ROW_INDEXES]:
-            deleted.setdefault(row[delta.FILE_NAME_COL], BitMap64()).update(row[_ROW_INDEXES])
-    return DeletionVectorOutput(
-        rows=projected,
-        preimages=preimages,
-        counts=counts,
-        deleted=deleted,
-        target_files=frozenset(r[delta.FILE_NAME_COL] for r in summary if r[delta.FILE_NAME_COL] is not None),
-        repeated_matches=sum(int(r[_REPEATED_MATCHES] or 0) for r in summary) if count_repeated_matches else 0,
-    )
-
-
-def write_changes_with_deletion_vectors(
-    ctx: MergeContext, output: DeletionVectorOutput, dedup_columns: Sequence[str], *, write_id: str
-) -> WrittenFiles:
-    """Only updated and inserted rows (and change rows) are written; copied rows stay where they are."""
-    written_actions = (MATCHED_UPDATE, NOT_MATCHED_BY_SOURCE_UPDATE, INSERT)
-    if not (ctx.cdc_enabled or any(output.counts.get(c, 0) for c in written_actions)):
-        return [], []
-    changed = sum(n for code, n in output.counts.items() if code != COPY)
-    # The output is cached: one task reads it back without running the join again.
-    rows = output.rows.coalesce(1) if changed <= ONE_FILE_ROWS else output.rows
-    return write_output(ctx, rows, output.preimages, dedup_columns, write_id=write_id, copies=False)
 
 
 def write_output(

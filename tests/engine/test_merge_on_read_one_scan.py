@@ -15,7 +15,7 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from engine import run_merge
+from engine import deletion_vector_output, merge_on_read, run_merge
 from engine.context import MergeContext
 from engine.delta import AddFile, load_snapshot
 from engine.errors import MultipleMatchError
@@ -24,6 +24,7 @@ from engine.result import MergeResult
 from engine.spec import MergeClause
 from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, join_plan, make_spec, stray_files, write_table
+from tests.engine.test_round_trips import counting_round_trips
 from tests.engine.test_single_pass import PLAN_DEPENDENT
 
 SIZES = {*PLAN_DEPENDENT, "numTargetChangeFileBytes"}
@@ -173,6 +174,7 @@ def test_no_touched_file_writes_only_the_inserts(
     assert result.metrics["numTargetFilesRemoved"] == 0 and result.metrics["numTargetDeletionVectorsAdded"] == 0
     assert result.metrics["numSourceRows"] == 2 and result.metrics["numTargetFilesAfterSkipping"] == 1
     assert len(read_with_deltalake(target)) == 402
+    assert stray_files(target) == set()  # the write that found no touched file is gone
 
 
 def test_an_unconditional_delete_keeps_two_passes(
@@ -192,3 +194,60 @@ def test_an_unconditional_delete_keeps_two_passes(
         "num_inserted_rows": 1,
     }
     assert len(read_with_deltalake(target)) == 399
+
+
+@pytest.mark.parametrize("cdf", [False, True], ids=["plain", "cdf"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_write_observes_what_an_aggregation_before_it_gathered(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, cdf: bool
+) -> None:
+    """The one scan's write observes the target rows it replaces as it writes, where an aggregation over its cached
+    output rows used to gather them first: the same table, vectors, result, metrics and change rows, with one
+    Spark query fewer."""
+    source = write_table(tmp_path / "source", _rows([*range(10, 60, 3), *range(410, 430), 1000, 1001, 1002], "s"))
+    results = {}
+    for observed in (True, False):
+        target = _target(tmp_path / f"target-{observed}", cdf=cdf)
+        with monkeypatch.context() as patched:
+            if not observed:
+                patched.setattr(merge_on_read, "OBSERVED_FILES_MAX", 0)
+            with counting_round_trips(spark, patched) as trips:
+                result, scans = _merge(monkeypatch, spark, target, source, CASES[name], one_scan=True)
+        assert scans == [4]
+        results[observed] = result, trips["execute"]
+    (observing, observing_queries), (aggregating, aggregating_queries) = results[True], results[False]
+    assert observing.result == aggregating.result
+    assert {k: v for k, v in observing.metrics.items() if k not in SIZES} == {
+        k: v for k, v in aggregating.metrics.items() if k not in SIZES
+    }
+    assert observing_queries == aggregating_queries - 1
+    observed_table, aggregated_table = tmp_path / "target-True", tmp_path / "target-False"
+    assert read_with_deltalake(observed_table).to_pylist() == read_with_deltalake(aggregated_table).to_pylist()
+    assert _files_with_vectors(observed_table) == _files_with_vectors(aggregated_table) == [0, 400]
+    if cdf:
+        version = load_snapshot(observed_table).version
+        assert _change_rows(observed_table, version) == _change_rows(aggregated_table, version)
+    assert stray_files(observed_table) == set()
+
+
+def test_a_write_that_saw_too_many_target_rows_is_discarded_for_the_aggregation(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A few source rows can match many target rows: past a bound the observed rows are not brought back, what the
+    write wrote goes, and the aggregation answers before a second write. The table ends as the direct path's."""
+    source = write_table(tmp_path / "source", _rows([*range(10, 60, 3), *range(410, 430), 1000], "s"))
+    tables = {}
+    for bounded in (True, False):
+        target = _target(tmp_path / f"target-{bounded}", cdf=False)
+        with monkeypatch.context() as patched:
+            if bounded:
+                patched.setattr(deletion_vector_output, "OBSERVED_TARGET_ROWS_MAX", 1)
+            with counting_round_trips(spark, patched) as trips:
+                result, _ = _merge(monkeypatch, spark, target, source, UPSERT, one_scan=True)
+        tables[bounded] = target, result, trips["execute"]
+    (bounded_table, bounded_result, bounded_queries), (table, direct, queries) = tables[True], tables[False]
+    assert bounded_queries == queries + 2  # the discarded write; the aggregation
+    assert bounded_result.result == direct.result
+    assert read_with_deltalake(bounded_table).to_pylist() == read_with_deltalake(table).to_pylist()
+    assert _files_with_vectors(bounded_table) == [0, 400]
+    assert stray_files(bounded_table) == set()
