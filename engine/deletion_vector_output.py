@@ -43,12 +43,10 @@ MODIFYING_ACTIONS = (MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDAT
 
 
 @dataclass(frozen=True)
-class DeletionVectorOutput:
-    """MergeOutputGeneration's rows for a merge-on-read write, cached (release with ``rows.unpersist()``), and
-    what they hold per file: the write and the deletion vectors come from the same rows."""
+class RowsPerFile:
+    """What a merge-on-read write's output rows hold per file: the write and the deletion vectors come from the
+    same rows."""
 
-    rows: DataFrame
-    preimages: list[str]
     counts: dict[str, int]
     """The output rows of each action."""
     deleted: dict[str, BitMap64]
@@ -57,6 +55,15 @@ class DeletionVectorOutput:
     """The files with a target row among the output rows (matched, whether or not a clause changed it)."""
     repeated_matches: int
     """Matches of a target row beyond its first, over all rows (counted only when asked)."""
+
+
+@dataclass(frozen=True)
+class DeletionVectorOutput(RowsPerFile):
+    """MergeOutputGeneration's rows for a merge-on-read write, cached (release with ``rows.unpersist()``), and
+    what an aggregation over them answered."""
+
+    rows: DataFrame
+    preimages: list[str]
 
 
 def project_changes_with_deletion_vectors(
@@ -139,16 +146,12 @@ _TARGET_ROW_COUNT = "_target_row_count_"
 
 
 @dataclass(frozen=True)
-class ObservedWrite:
+class ObservedWrite(RowsPerFile):
     """A merge-on-read write whose output rows were observed as they were written: the files it added, and what
     the aggregation of ``project_changes_with_deletion_vectors`` would have answered."""
 
     added: list[AddFile]
     cdc_files: list[AddCDCFile]
-    counts: dict[str, int]
-    deleted: dict[str, BitMap64]
-    target_files: frozenset[str]
-    repeated_matches: int
 
 
 def write_changes_observing_target_rows(
@@ -173,7 +176,7 @@ def write_changes_observing_target_rows(
     projected, preimages, codes = project_output(
         ctx, joined, dedup_columns, [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)], target_columns
     )
-    numbers = ctx.spark.createDataFrame(
+    file_numbers = ctx.spark.createDataFrame(
         pa.table(
             {
                 delta.FILE_NAME_COL: pa.array(paths, pa.string()),
@@ -181,7 +184,7 @@ def write_changes_observing_target_rows(
             }
         )
     )
-    numbered = projected.join(F.broadcast(numbers), on=delta.FILE_NAME_COL, how="left")
+    numbered = projected.join(F.broadcast(file_numbers), on=delta.FILE_NAME_COL, how="left")
     row = F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(delta.ROW_INDEX_COL)
     modifying = F.col(ACTION_COL).isin([action(c) for c in MODIFYING_ACTIONS])
     obs = Observation("writeAllChangesWithDeletionVectors")
@@ -209,11 +212,11 @@ def write_changes_observing_target_rows(
     rows = np.where(modified, -encoded - 1, encoded)
     # Sorted, a long orders by file and then by row index: each file's rows are one run.
     changed = np.sort(rows[modified])
-    numbers, starts = np.unique(changed >> _ROW_BITS, return_index=True)
+    changed_files, starts = np.unique(changed >> _ROW_BITS, return_index=True)
     runs = np.split(changed, starts[1:]) if len(changed) else []
     deleted = {
         paths[int(number)]: BitMap64((run & ((1 << _ROW_BITS) - 1)).tolist())
-        for number, run in zip(numbers, runs, strict=True)
+        for number, run in zip(changed_files, runs, strict=True)
     }
     distinct = np.unique(rows)
     return ObservedWrite(
