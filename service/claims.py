@@ -2,16 +2,11 @@
 
 Claiming follows one rule, per normalised target: a job may start only when no job of its table is running and
 no older job of its table is still queued, so a table's merges run one at a time in submission order. ``seq``
-defines that order. A second rule, per Spark server, when the worker's ``SparkShare`` bounds it: a job may start
-only while fewer than ``merges_at_once`` merges that started on the same server within ``long_merge_seconds`` run
-there (docs/engine.md, "Merges at once on a Spark server").
+defines that order.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, exists, func, select, update
@@ -23,50 +18,24 @@ from service.models import jobs
 from service.store import JobStore
 
 
-@dataclass(frozen=True)
-class SparkShare:
-    """How a worker shares its Spark server with the other workers on it."""
-
-    server: str
-    """The server's identity: its ``sc://host:port``, or the process for an embedded one."""
-    merges_at_once: int | None
-    """At most this many merges that started within ``long_merge_seconds`` run on the server; None: no bound."""
-    long_merge_seconds: float = 3.0
-    """A merge running longer no longer counts: a large merge runs beside the next ones instead of holding them."""
-
-    def lock_key(self) -> int:
-        """The PostgreSQL advisory lock that serialises the claims of the server's workers (a signed 64-bit key)."""
-        digest = hashlib.blake2b(f"merge-service spark {self.server}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big", signed=True)
-
-
-def _claim_candidate(*, bounded: bool) -> Any:
-    """The oldest queued job that may start: due, no job of its table running, no older one of its table queued;
-    ``bounded``: and fewer than ``merges_at_once`` recent merges running on the worker's Spark server."""
-    j, running, older, shared = jobs.alias("j"), jobs.alias("r"), jobs.alias("o"), jobs.alias("s")
-    rules = [
-        j.c.status == Status.QUEUED.value,
-        j.c.next_run_at <= bindparam("now", type_=jobs.c.next_run_at.type),
-        ~exists().where(running.c.target_key == j.c.target_key, running.c.status == Status.RUNNING.value),
-        ~exists().where(
-            older.c.target_key == j.c.target_key,
-            older.c.status == Status.QUEUED.value,
-            older.c.seq < j.c.seq,
-        ),
-    ]
-    if bounded:
-        recent = (
-            select(func.count())
-            .select_from(shared)
-            .where(
-                shared.c.status == Status.RUNNING.value,
-                shared.c.spark_server == bindparam("spark_server"),
-                shared.c.claimed_at > bindparam("long_before", type_=jobs.c.claimed_at.type),
-            )
-            .scalar_subquery()
+def _claim_candidate() -> Any:
+    """The oldest queued job that may start: due, no job of its table running, no older one of its table queued."""
+    j, running, older = jobs.alias("j"), jobs.alias("r"), jobs.alias("o")
+    return j, (
+        select(j.c.seq)
+        .where(
+            j.c.status == Status.QUEUED.value,
+            j.c.next_run_at <= bindparam("now", type_=jobs.c.next_run_at.type),
+            ~exists().where(running.c.target_key == j.c.target_key, running.c.status == Status.RUNNING.value),
+            ~exists().where(
+                older.c.target_key == j.c.target_key,
+                older.c.status == Status.QUEUED.value,
+                older.c.seq < j.c.seq,
+            ),
         )
-        rules.append(recent < bindparam("merges_at_once"))
-    return j, select(j.c.seq).where(*rules).order_by(j.c.seq).limit(1)
+        .order_by(j.c.seq)
+        .limit(1)
+    )
 
 
 def _claim(where: Any) -> Any:
@@ -81,8 +50,6 @@ def _claim(where: Any) -> Any:
             attempts=jobs.c.attempts + 1,
             lease_owner=bindparam("owner"),
             lease_expires_at=bindparam("expires"),
-            spark_server=bindparam("spark_server"),
-            claimed_at=now,
             started_at=func.coalesce(jobs.c.started_at, now),
             updated_at=now,
         )
@@ -101,57 +68,34 @@ def _claim(where: Any) -> Any:
     )
 
 
-_CANDIDATES = {bounded: _claim_candidate(bounded=bounded) for bounded in (False, True)}
-CLAIM_NEXT = {
-    bounded: _claim(jobs.c.seq == candidate.scalar_subquery()) for bounded, (_, candidate) in _CANDIDATES.items()
-}
+_CANDIDATE_FROM, _CANDIDATE = _claim_candidate()
+CLAIM_NEXT = _claim(jobs.c.seq == _CANDIDATE.scalar_subquery())
 """SQLite: pick and claim in one statement (BEGIN IMMEDIATE already excludes other claimers)."""
-CLAIM_CANDIDATE_LOCKED = {
-    bounded: candidate.with_for_update(skip_locked=True, of=table)
-    for bounded, (table, candidate) in _CANDIDATES.items()
-}
+CLAIM_CANDIDATE_LOCKED = _CANDIDATE.with_for_update(skip_locked=True, of=_CANDIDATE_FROM)
 """PostgreSQL: lock the candidate row, skipping rows other claimers hold, then claim it by seq."""
 CLAIM_SEQ = _claim(and_(jobs.c.seq == bindparam("claim_seq"), jobs.c.status == Status.QUEUED.value))
-SERVER_LOCK = select(func.pg_advisory_xact_lock(bindparam("lock_key")))
-"""PostgreSQL: one claim at a time per Spark server while its merges are bounded, so that two claimers never both
-see the last free place; released when the claim's transaction ends."""
 
 
 class JobClaims(JobStore):
     """The worker's claim on the next job."""
 
-    def claim(self, owner: str, spark: SparkShare | None = None) -> ClaimedJob | None:
-        """Take the next job that may start, under a fresh lease; None when nothing may start now. ``spark``: the
-        worker's Spark server and its bound on merges at once."""
-        bounded = spark is not None and spark.merges_at_once is not None
-
-        def parameters() -> dict[str, Any]:
-            now = self.clock()
-            params: dict[str, Any] = {"now": now, "expires": now + self.lease, "owner": owner}
-            params["spark_server"] = spark.server if spark is not None else None
-            if spark is not None and spark.merges_at_once is not None:
-                params["merges_at_once"] = spark.merges_at_once
-                params["long_before"] = now - timedelta(seconds=spark.long_merge_seconds)
-            return params
-
+    def claim(self, owner: str) -> ClaimedJob | None:
+        """Take the next job that may start, under a fresh lease; None when nothing may start now."""
         try:
             with self._tx(write=True) as conn:
-                params = parameters()
-                now = params["now"]
+                now = self.clock()
+                params = {"now": now, "expires": now + self.lease, "owner": owner}
                 if self._sqlite:
                     # BEGIN IMMEDIATE already holds the write lock: no other claimer can interleave.
-                    row = conn.execute(CLAIM_NEXT[bounded], params).first()
+                    row = conn.execute(CLAIM_NEXT, params).first()
                 else:
-                    if spark is not None and bounded:
-                        conn.execute(SERVER_LOCK, {"lock_key": spark.lock_key()})
-                        params = parameters()  # the claims that waited for the lock may have ended merges
-                    seq = conn.execute(CLAIM_CANDIDATE_LOCKED[bounded], params).scalar_one_or_none()
+                    seq = conn.execute(CLAIM_CANDIDATE_LOCKED, params).scalar_one_or_none()
                     if seq is None:
                         return None
                     # The job this one waited for may have finished after the clock was read above: read it
                     # again, so a job never starts before its predecessor on the same table finished.
-                    params = parameters()
-                    now = params["now"]
+                    now = self.clock()
+                    params = {"now": now, "expires": now + self.lease, "owner": owner}
                     row = conn.execute(CLAIM_SEQ, {**params, "claim_seq": seq}).first()
                 if row is None:
                     return None

@@ -104,10 +104,6 @@ class Job(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    spark_server: Mapped[str | None] = mapped_column(String(200))
-    """The Spark server the latest attempt runs on (``service.claims.SparkShare``): claims count its merges."""
-    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    """When the latest attempt was claimed (``started_at`` is the first attempt's)."""
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     commit_started: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
     """Some attempt entered ``committing``: its commit may have landed, so a cancel waits for an attempt to

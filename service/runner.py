@@ -4,13 +4,11 @@ alive, and the readiness probe that tells /readyz whether Spark answers."""
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import structlog
 
@@ -18,12 +16,11 @@ import engine
 import engine.errors as engine_errors
 import engine.spark as engine_spark
 from service import engines
-from service.claims import SparkShare
 from service.jobs import ClaimedJob
 from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
 from service.settings import Settings
-from service.spark_executors import local_master_cores, read_executors, usable_cores, usable_executors
+from service.spark_executors import count_executors
 from service.specs import build_merge, parse_request
 
 log = structlog.get_logger(__name__)
@@ -87,11 +84,6 @@ class EngineRunner:
         self.probe_interval = settings.spark_probe_interval_seconds
         self.probe_timeout = settings.spark_probe_timeout_seconds
         self.stall_seconds = settings.spark_stall_seconds
-        self.merges_at_once = settings.spark_merges_at_once
-        self.long_merge_seconds = settings.spark_long_merge_seconds
-        self.server = spark_server_identity(settings.spark_remote)
-        self._cores: int | None = None
-        """The Spark application's cores, as the readiness probe last read them; None while unknown."""
         self._spark: Any = None
         self._stalled: tuple[Any, str] | None = None
         """The session given up because Spark stopped answering, and why: the reason its calls failed."""
@@ -256,9 +248,7 @@ class EngineRunner:
         even SELECT 1 waits for a task, so without executors it never answers, and the probe could only say that
         Spark is silent, not why. SELECT 1 runs only when the driver's API cannot tell."""
         app_id = spark.conf.get("spark.app.id", None)  # answered by the driver alone
-        listed = read_executors(self.remote, app_id) if app_id else None
-        executors = None if listed is None else usable_executors(listed)
-        self._cores = self._read_cores(spark, listed)
+        executors = count_executors(self.remote, app_id) if app_id else None
         if executors is not None and self.metrics is not None:
             self.metrics.spark_executors.set(executors)
         if executors == 0:
@@ -269,22 +259,6 @@ class EngineRunner:
         if executors is None:
             spark.sql("SELECT 1").collect()
         return True, "ok"
-
-    def _read_cores(self, spark: Any, executors: list[dict[str, Any]] | None) -> int | None:
-        """The executors' cores when the driver's API lists them, else a ``local[N]`` master's (driver-only)."""
-        if executors is not None:
-            return usable_cores(executors) or None
-        here = self.server.startswith("local:") or is_loopback(self.remote)
-        return local_master_cores(spark.conf.get("spark.master", None), os.cpu_count() if here else None)
-
-    def spark_share(self) -> SparkShare:
-        """This worker's Spark server and how many merges may run there at once (``spark_merges_at_once``; unset:
-        half the cores the probe read, at least one, and no bound while they are unknown)."""
-        at_once = self.merges_at_once
-        if at_once is None:
-            cores = self._cores
-            at_once = None if cores is None else max(1, cores // 2)
-        return SparkShare(self.server, at_once or None, self.long_merge_seconds)
 
     def readiness(self) -> tuple[bool, str]:
         """The probe's last answer; never waits on Spark."""
@@ -307,20 +281,6 @@ class EngineRunner:
             spark, self._spark = self._spark, None
         if spark is not None:
             engine_spark.close_session(spark)
-
-
-def spark_server_identity(remote: str) -> str:
-    """Which server the workers share: ``sc://host:port`` without its parameters (a token, a session id), or this
-    process for the embedded server that ``local`` starts in each process."""
-    if remote in ("local", "") or remote.startswith("local["):
-        return f"local:{socket.gethostname()}:{os.getpid()}"
-    return remote.split(";", 1)[0].rstrip("/")
-
-
-def is_loopback(remote: str) -> bool:
-    """A ``sc://`` server on this machine, whose ``local[*]`` master has this machine's cores."""
-    host = urlsplit("http://" + remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]).hostname
-    return host in ("localhost", "127.0.0.1", "::1")
 
 
 def warm_up_dir(settings: Settings) -> Path:

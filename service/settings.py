@@ -74,15 +74,6 @@ class Settings(BaseSettings):
     """A Spark Connect server that accepts connections but has not answered for this long (a stopped JVM, a
     frozen host) costs the running attempt, which is retried later, instead of holding the worker: gRPC calls
     have no deadline of their own. Long merges are not affected: the readiness probe's small calls measure it."""
-    spark_merges_at_once: int | None = Field(default=None, ge=0)
-    """How many merges may run at once on one Spark server, counted over every worker that shares it (in the job
-    table). Unset: half the server's cores, at least one (``local[N]``, or the cores of the executors its driver's
-    API reports); no bound when neither tells. 0: no bound. A merge's Spark jobs already use every core, and its
-    worker's Python takes time beside them: on 2 cores, two small merges at once merged 0.79x as many a minute as
-    one at a time (docs/engine.md, "Merges at once on a Spark server")."""
-    spark_long_merge_seconds: float = Field(default=3.0, gt=0)
-    """A merge that has run this long no longer counts against ``spark_merges_at_once``: a large merge runs beside
-    the next ones (each worker's Spark jobs have a FAIR scheduler pool of their own) instead of holding them up."""
     readiness_timeout_seconds: float = Field(default=2.0, gt=0)
     """How long /readyz waits for the job database's answer before it answers 503."""
     warm_up: bool = True

@@ -1,4 +1,4 @@
-"""How many executors (and cores) the Spark Connect server's application has, read from its driver's REST API.
+"""How many executors the Spark Connect server's application has, read from its driver's REST API.
 
 Spark Connect answers ``SELECT 1`` from the driver alone, so a cluster whose executors never registered (a
 worker that cannot start them, too little free memory or cores) looks healthy until a merge waits forever for
@@ -8,7 +8,6 @@ a worker asks it, and says so in /readyz and the ``merge_spark_executors`` metri
 from __future__ import annotations
 
 import json
-import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -38,40 +37,14 @@ def usable_executors(executors: list[dict[str, Any]]) -> int:
     return sum(1 for e in executors if e.get("isActive", True) and int(e.get("totalCores", 0)) > 0)
 
 
-def usable_cores(executors: list[dict[str, Any]]) -> int:
-    """The cores of the usable executors: how many tasks the application runs at once."""
-    return sum(int(e.get("totalCores", 0)) for e in executors if e.get("isActive", True))
-
-
-def read_executors(remote: str, app_id: str) -> list[dict[str, Any]] | None:
-    """The executors of application ``app_id`` (the session's ``spark.app.id``), or None when its driver's API
+def count_executors(remote: str, app_id: str) -> int | None:
+    """Usable executors of application ``app_id`` (the session's ``spark.app.id``), or None when its driver's API
     cannot be read (an embedded Spark, a UI that is disabled, not reachable from here, or on another port because
-    4040 was taken, so another application answers there): unknown is never reported as none."""
+    4040 was taken, so another application answers there): unknown is never reported as zero."""
     base = driver_ui_url(remote)
     if base is None:
         return None
     try:
-        executors = _get(f"{base}/api/v1/applications/{app_id}/executors")
-        usable_executors(executors)  # a page of another shape is not an answer
-        return list(executors)
+        return usable_executors(_get(f"{base}/api/v1/applications/{app_id}/executors"))
     except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
         return None
-
-
-def count_executors(remote: str, app_id: str) -> int | None:
-    """Usable executors of application ``app_id``, or None when its driver's API cannot be read."""
-    executors = read_executors(remote, app_id)
-    return None if executors is None else usable_executors(executors)
-
-
-def local_master_cores(master: str | None, cpu_count: int | None) -> int | None:
-    """The cores of a ``local``, ``local[N]`` or ``local[*]`` master (``cpu_count``: the server machine's, when
-    known); None for a cluster's master, whose cores its executors tell."""
-    if master is None:
-        return None
-    if master == "local":
-        return 1
-    match = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master.strip())
-    if match is None:
-        return None
-    return cpu_count if match.group(1) == "*" else int(match.group(1))

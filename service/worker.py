@@ -147,8 +147,7 @@ class Worker:
         if now - self._last_reclaim >= min(self.settings.heartbeat_seconds, self.settings.lease_seconds / 2):
             self._last_reclaim = now
             self.reclaim_expired()
-        share = getattr(self.runner, "spark_share", None)
-        claimed = self.manager.claim(self.id, share() if share is not None else None)
+        claimed = self.manager.claim(self.id)
         if claimed is None:
             return False
         self.process(claimed)

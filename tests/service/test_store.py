@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import insert, text, update
 from sqlalchemy.exc import IntegrityError
 
-from service.claims import SparkShare
 from service.errors import (
     IdempotencyConflictError,
     InvalidCursorError,
@@ -17,7 +16,7 @@ from service.errors import (
     JobNotFoundError,
     LeaseLostError,
 )
-from service.jobs import ClaimedJob, NewJob, Phase, Status, check_transition
+from service.jobs import NewJob, Phase, Status, check_transition
 from service.manager import JobManager
 from service.models import jobs
 from service.problems import lease_lost_problem
@@ -187,82 +186,6 @@ def test_concurrent_claimers_keep_per_table_order(store: JobManager) -> None:
         t.join()
     assert not errors
     assert ran == submitted
-
-
-def test_a_spark_server_runs_at_most_its_merges_at_once(store: JobManager, clock: FakeClock) -> None:
-    """Workers sharing a server claim while fewer than ``merges_at_once`` recent merges run there; another server,
-    or a worker without a bound, is not held; a merge that ran ``long_merge_seconds`` yields its place."""
-    ids = [store.submit(new(f"/lake/t{i}"))[0].id for i in range(5)]
-    shared = SparkShare("sc://spark-a:15002", merges_at_once=1, long_merge_seconds=3.0)
-    first = store.claim("w1", shared)
-    assert first is not None and first.lease.job_id == ids[0]
-    assert store.claim("w2", shared) is None  # the server's one place is taken, though four tables wait
-    other = store.claim("w3", SparkShare("sc://spark-b:15002", merges_at_once=1))
-    assert other is not None and other.lease.job_id == ids[1]
-    clock.advance(2.9)
-    assert store.claim("w2", shared) is None
-    clock.advance(0.2)  # the first merge has now run 3.1 s: a long merge, which the next one runs beside
-    second = store.claim("w2", shared)
-    assert second is not None and second.lease.job_id == ids[2]
-    assert store.claim("w4", shared) is None
-    store.succeed(second.lease, table_version=None, result={}, metrics={})
-    third = store.claim("w4", shared)
-    assert third is not None and third.lease.job_id == ids[3]
-    unbounded = store.claim("w5", SparkShare("sc://spark-a:15002", merges_at_once=None))
-    assert unbounded is not None and unbounded.lease.job_id == ids[4]
-
-
-def test_concurrent_claimers_never_exceed_a_servers_merges_at_once(store: JobManager) -> None:
-    """Many workers on one server racing for many tables' jobs: at most ``merges_at_once`` claims win."""
-    for i in range(12):
-        store.submit(new(f"/lake/t{i}"))
-    shared = SparkShare("sc://spark-a:15002", merges_at_once=2, long_merge_seconds=60.0)
-    won: list[str] = []
-    lock = threading.Lock()
-    start = threading.Barrier(8)
-
-    def work(name: str) -> None:
-        start.wait()
-        for _ in range(3):
-            job = store.claim(name, shared)
-            if job is not None:
-                with lock:
-                    won.append(job.lease.job_id)
-
-    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(won) == 2
-    with store.engine.connect() as conn:
-        running = conn.execute(text("SELECT count(*) FROM merge_jobs WHERE status = 'running'")).scalar_one()
-        servers = conn.execute(text("SELECT DISTINCT spark_server FROM merge_jobs WHERE status = 'running'")).all()
-    assert running == 2 and [tuple(r) for r in servers] == [("sc://spark-a:15002",)]
-
-
-@pytest.mark.parametrize("database_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
-def test_bounded_claims_on_postgresql_wait_for_each_other(database_url: str) -> None:
-    """PostgreSQL claims run concurrently: a bounded claim takes the server's advisory lock first, so that two
-    claimers never both count the last free place as theirs. While another holds it, a claim waits."""
-    manager = JobManager.from_url(database_url, lease_seconds=30)
-    manager.migrate()
-    first, second = manager.submit(new("/lake/a"))[0], manager.submit(new("/lake/b"))[0]
-    shared = SparkShare("sc://spark-a:15002", merges_at_once=1)
-    claimed: list[object] = []
-    with manager.engine.connect() as holder:
-        holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": shared.lock_key()})
-        claimer = threading.Thread(target=lambda: claimed.append(manager.claim("w1", shared)))
-        claimer.start()
-        claimer.join(1.0)
-        assert claimer.is_alive() and not claimed  # waiting for the lock
-        elsewhere = manager.claim("w2", SparkShare("sc://spark-b:15002", merges_at_once=1))  # another server's lock
-        assert elsewhere is not None and elsewhere.lease.job_id == first.id
-        holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": shared.lock_key()})
-        claimer.join(10.0)
-    assert not claimer.is_alive() and len(claimed) == 1
-    assert isinstance(claimed[0], ClaimedJob) and claimed[0].lease.job_id == second.id
-    manager.dispose()
 
 
 def test_lease_expiry_reclaim_and_fencing(store: JobManager, clock: FakeClock) -> None:

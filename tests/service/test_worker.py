@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import engine.errors as engine_errors
-from service.claims import SparkShare
 from service.errors import CancelRequestedError, DatabaseUnavailableError
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
@@ -303,43 +302,6 @@ def test_two_workers_keep_each_tables_order(settings: Settings, manager: JobMana
         for w in workers:
             w.stop()
     assert order == submitted
-
-
-def test_workers_sharing_a_spark_server_run_its_merges_at_once(settings: Settings, manager: JobManager) -> None:
-    """Three workers, one server bounded to one merge at a time: merges of different tables never overlap, and
-    every job runs; the same workers unbounded do overlap."""
-
-    class SharingRunner(FakeRunner):
-        def __init__(self, share: SparkShare) -> None:
-            super().__init__(self.hold)
-            self.share = share
-
-        def spark_share(self) -> SparkShare:
-            return self.share
-
-        def hold(self, job: ClaimedJob, phase: str) -> None:
-            if phase != "writing":
-                return
-            with lock:
-                running.add(job.lease.job_id)
-                most.append(len(running))
-            time.sleep(0.1)
-            with lock:
-                running.discard(job.lease.job_id)
-
-    for merges_at_once, overlap in ((1, False), (None, True)):
-        lock, running, most = threading.Lock(), set[str](), list[int]()
-        ids = [submit(manager, f"/lake/t{i}") for i in range(9)]
-        share = SparkShare("sc://spark:15002", merges_at_once=merges_at_once, long_merge_seconds=60.0)
-        workers = [make_worker(settings, manager, SharingRunner(share)) for _ in range(3)]
-        for w in workers:
-            w.start()
-        try:
-            wait_until(lambda ids=ids: all(manager.get(i).status is Status.SUCCEEDED for i in ids), timeout=30)
-        finally:
-            for w in workers:
-                w.stop()
-        assert (max(most) > 1) is overlap, (merges_at_once, most)
 
 
 def test_cancel_requested_error_is_not_retried(settings: Settings, manager: JobManager) -> None:
