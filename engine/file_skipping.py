@@ -61,8 +61,10 @@ def _skipping_predicate(
         matched = _matched_conditions_predicate(parsed, sides)
         if matched is not None:
             predicates.append(matched)
-    if len(files) > 1:
-        predicates.extend(source_keys.source_key_predicates(snapshot, source, sides))
+    # A Spark aggregation for the source's key range pays only where it can leave some files out; for a table of
+    # one file, only ranges known without one (inline rows, a Delta source's statistics): a source whose keys all
+    # lie outside that file's then skips it, and its rows are written as inserts alone.
+    predicates.extend(source_keys.source_key_predicates(snapshot, source, sides, without_spark=len(files) == 1))
     return cast("exp.Expression | None", and_all(predicates))
 
 

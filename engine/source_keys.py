@@ -149,9 +149,12 @@ class SourceKeyRanges:
         self._source_snapshot = source_snapshot
         self.ranges: dict[str, tuple[Any, Any]] = {}
 
-    def source_key_predicates(self, snapshot: Snapshot, source: DataFrame, sides: Sides) -> list[exp.Expression]:
+    def source_key_predicates(
+        self, snapshot: Snapshot, source: DataFrame, sides: Sides, *, without_spark: bool = False
+    ) -> list[exp.Expression]:
         """``target_key BETWEEN min AND max`` of each ON equality's source side (an IN list for partition
-        columns), from the source's own statistics where it has them, else from one Spark aggregation."""
+        columns), from the source's own statistics where it has them, else from one Spark aggregation;
+        ``without_spark``: only the keys whose range is known without one."""
         source_types = {f.name.lower(): f.dataType for f in source.schema.fields}
         keys = self._comparable_keys(snapshot, source_types, sides)
         if not keys:
@@ -163,7 +166,10 @@ class SourceKeyRanges:
             for i, (column, name) in enumerate(keys)
             if not self._range_from_source_stats(name, ranges[i], want_values=column.lower() in partition_cols)
         ]
-        if missing:
+        if missing and without_spark:
+            keys = [key for i, key in enumerate(keys) if i not in missing]
+            ranges = [rng for i, rng in enumerate(ranges) if i not in missing]
+        elif missing:
             _ranges_from_spark(source, source_types, keys, missing, partition_cols, ranges)
         null_safe_columns = self.on.null_safe_columns()
         predicates: list[exp.Expression] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
 from engine import run_merge
-from engine.spec import MergeClause, MergeSpec, RowsSource
+from engine.spec import MergeClause, MergeSpec, RowsSource, TableSource
 from tests.engine.harness import clause
 
 # Every execution (a command's or a query's) streams its answer through the iterator.
@@ -111,16 +112,32 @@ def test_every_clause_is_typed_in_the_one_analysis(
     assert rows == [{"id": 1, "v": "a"}, {"id": 2, "v": "bx2"}, {"id": 3, "v": "C"}]
 
 
+@pytest.mark.parametrize("files", [1, 2])
 def test_a_new_key_past_every_file_runs_only_the_insert(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int
 ) -> None:
-    """The source's key range skips every file (of two: one file is not worth skipping), and the inline rows'
-    count is known: the insert is the one query, and numSourceRows is still the source's row count."""
+    """The source's key range skips every file (the inline rows' range costs no Spark job, so a table of one file
+    is skipped too), and the inline rows' count is known: the insert is the one query, and numSourceRows is still
+    the source's row count."""
     target = _target(tmp_path / "t")
-    write_deltalake(str(target), pa.table({"id": pa.array([5, 6], pa.int64()), "v": ["e", "f"]}), mode="append")
+    if files == 2:
+        write_deltalake(str(target), pa.table({"id": pa.array([5, 6], pa.int64()), "v": ["e", "f"]}), mode="append")
     with counting_round_trips(spark, monkeypatch) as counts:
         result = run_merge(spark, _spec(target, 100, UPSERT))
     assert result.metrics["numTargetFilesAfterSkipping"] == 0
     assert result.metrics["numSourceRows"] == 1
     assert result.result["num_inserted_rows"] == 1
     assert counts["execute"] == 1
+
+
+def test_a_single_file_is_not_worth_a_spark_job_for_the_source_key_range(spark: SparkSession, tmp_path: Path) -> None:
+    """A JSON source's key range would take a Spark aggregation: for a table of one file it is not computed, so
+    the file stays a candidate (with a range it would have been skipped) and the merge is still right."""
+    target = _target(tmp_path / "t")
+    source = tmp_path / "s.json"
+    source.write_text('{"id": 100, "v": "x100"}\n')
+    spec = replace(_spec(target, 100, UPSERT), source=TableSource(format="json", path=str(source)))
+    result = run_merge(spark, spec)
+    assert result.metrics["numTargetFilesAfterSkipping"] == 1
+    assert result.result["num_inserted_rows"] == 1
+    assert sorted(r["id"] for r in DeltaTable(str(target)).to_pyarrow_table().to_pylist()) == [1, 2, 3, 100]
