@@ -18,6 +18,7 @@ PASS or MISS, writes ``--out`` (JSON) and ``--plot`` (PNG: time against size, an
 
     .venv/bin/python -m bench.growth_bench                       # 0.5M / 5M / 20M rows; 10 / 1,000 / 10,000 commits
     .venv/bin/python -m bench.growth_bench --sizes 200000 --commits 10,300 --repeat 1   # while developing
+    .venv/bin/python -m bench.growth_bench --log-cache var/growth-logs   # build the long logs once, reuse them
 """
 
 from __future__ import annotations
@@ -86,17 +87,23 @@ def build_log_table(path: Path, rows: int, commits: int, rng: np.random.Generato
 
     base = make_rows(2 * np.arange(rows, dtype=np.int64), rng, prefix="name-", epoch_us=TARGET_EPOCH_US)
     write_deltalake(str(path), base, configuration={"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)})
-    log = path / "_delta_log"
     for version in range(1, commits):
         if version % COMPACT_EVERY == 0:
             DeltaTable(str(path)).optimize.compact()
         else:
             row = make_rows(np.array([2 * (rows + version)]), rng, prefix="name-", epoch_us=TARGET_EPOCH_US)
             write_deltalake(str(path), row, mode="append")
+    return log_table_files(path, commits)
+
+
+def log_table_files(path: Path, commits: int) -> tuple[int, int]:
+    """The log table's data files and checkpoints, once its log is checked to end at version ``commits - 1``."""
+    from deltalake import DeltaTable
+
     table = DeltaTable(str(path))
     if table.version() != commits - 1:
         raise SystemExit(f"the log table ended at version {table.version()}, not {commits - 1}")
-    return len(table.file_uris()), len(list(log.glob("*.checkpoint*.parquet")))
+    return len(table.file_uris()), len(list((path / "_delta_log").glob("*.checkpoint*.parquet")))
 
 
 def best_of(repeat: int, run: Callable[[], float]) -> float:
@@ -187,7 +194,18 @@ def log_point(run: Run, commits: int, rng: np.random.Generator, log: Callable[[s
     folder = run.workdir / f"log-{commits}"
     rows = run.args.log_rows
     started = time.monotonic()
-    files, checkpoints = build_log_table(folder / "target", rows, commits, rng)
+    cache = run.args.log_cache
+    if cache is None:
+        files, checkpoints = build_log_table(folder / "target", rows, commits, rng)
+    else:
+        # Building a 10,000-commit log takes some 16 minutes; a later run copies the one built before.
+        kept = cache / f"log-{rows}-{commits}-seed{run.args.seed}"
+        if not kept.exists():
+            building = cache / f"{kept.name}.building-{uuid.uuid4().hex}"
+            build_log_table(building, rows, commits, rng)
+            building.rename(kept)
+        fresh_copy(kept, folder / "target")
+        files, checkpoints = log_table_files(folder / "target", commits)
     appended = commits - 1 - (commits - 1) // COMPACT_EVERY
     point = Point("log", rows, commits, appended=appended, files=files, checkpoints=checkpoints)
     built = time.monotonic() - started
@@ -284,6 +302,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--driver-memory", default="6g", help="spark.driver.memory of the Spark server (default 6g)")
     p.add_argument("--remote", default="", help="an existing Spark Connect server (sc://host:port)")
     p.add_argument("--dir", type=Path, default=None, help="work folder (default: a new temporary one, removed)")
+    p.add_argument(
+        "--log-cache",
+        type=Path,
+        default=None,
+        help="keep the log series' tables here and copy them in later runs (by rows, commits and seed)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "var" / "growth.json")
     p.add_argument("--plot", type=Path, default=ROOT / "var" / "growth.png")
     args = p.parse_args(argv)
