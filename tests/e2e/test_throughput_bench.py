@@ -16,12 +16,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TARGETS = (
     "medium merge engine p50",
-    "1-row merge into a small table, engine p50",
-    "first merge after ready / warm p50",
+    "1-row merge into a small table, engine p50 (one at a time)",
+    "first merge after ready / warm p50 (one at a time)",
     "CPU per 1-row merge",
     "merges per minute (6 over 2 tables, 2 workers)",
     "small merges' p95 beside a large merge / without",
-    "merges per minute with 2 workers / with 1",
+    "merges per minute with 2 workers (small and again) / with 1",
 )
 
 
@@ -31,6 +31,8 @@ def test_every_run_and_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     argv += ["--medium-rows", "20000", "--large-rows", "20000", "--driver-memory", "1g", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
+    split = r"^    CPU s/merge by process: spark [0-9.]+, workers [0-9.]+, api [0-9.]+$"
+    assert re.search(split, printed, re.MULTILINE)
     for target in TARGETS:
         assert re.search(rf"^  (PASS|MISS)  {re.escape(target)}[^:\n]*: [0-9.]+", printed, re.MULTILINE), target
     jobs = json.loads(out.read_text())
@@ -40,6 +42,7 @@ def test_every_run_and_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "medium": 1,
         "beside": 7,  # the six small merges and the large one
         "fewer": 6,
+        "again": 6,  # after the stopped worker started again
     }
     for docs in jobs.values():
         for doc in docs:
