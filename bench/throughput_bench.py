@@ -143,10 +143,6 @@ class Stack:
         self.client = httpx.Client(base_url=self.api.url, timeout=30)
         self.next_id = 100
 
-    def pids(self) -> list[int]:
-        pids = [self.spark.process.pid, *(p.proc.pid for p in [self.api, *self.workers] if p.proc is not None)]
-        return pids
-
     def cpu_seconds(self) -> float:
         return sum(self.cpu_split().values())
 
