@@ -175,20 +175,23 @@ class Stack:
         self.next_id += 1
         return self.upsert(table, [{"id": self.next_id, "v": f"n{self.next_id}"}]), self.next_id
 
-    def wait(self, ids: Iterable[str], timeout: float) -> dict[str, dict[str, Any]]:
-        pending = set(ids)
+    def wait(self, ids: Iterable[str], timeout: float, *, watch: int = 8) -> dict[str, dict[str, Any]]:
+        """Each job's final document. Like a client draining its own queue, only the ``watch`` oldest unfinished
+        jobs are read on each pass: reading all 400 every tenth of a second cost the API more CPU than the merges'
+        own requests, on the cores the merges run on."""
+        pending = list(dict.fromkeys(ids))
         done: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{len(pending)} jobs not finished in {timeout:.0f} s")
-            for job_id in list(pending):
+            for job_id in pending[:watch]:
                 doc = self.client.get(f"/merges/{job_id}").json()
                 if doc["status"] in FINAL:
                     if doc["status"] != "succeeded":
                         raise RuntimeError(f"job {job_id} ended {doc['status']}: {doc.get('error')}")
                     done[job_id] = doc
-                    pending.discard(job_id)
+            pending = [job_id for job_id in pending if job_id not in done]
             time.sleep(0.1)
         return done
 
@@ -215,7 +218,7 @@ def first_merges(stack: Stack, timeout: float) -> list[Finished]:
 def small_run(stack: Stack, name: str, merges: int, timeout: float, *, beside: Path | None = None) -> RunFigures:
     """``merges`` 1-row upserts at once, round-robin over the tables; with ``beside``, one large upsert (a tenth of
     that table's ids updated, as many inserted) submitted just before them."""
-    split0, t0 = stack.cpu_split(), time.monotonic()
+    split0 = stack.cpu_split()
     kinds: dict[str, str] = {}
     if beside is not None:
         count = DeltaTable(str(beside)).to_pyarrow_dataset().count_rows()
@@ -225,9 +228,12 @@ def small_run(stack: Stack, name: str, merges: int, timeout: float, *, beside: P
         job_id, _ = stack.one_row(stack.tables[i % len(stack.tables)])
         kinds[job_id] = "small"
     done = stack.wait(kinds, timeout)
-    seconds = time.monotonic() - t0
     split = {kind: cpu - split0.get(kind, 0.0) for kind, cpu in stack.cpu_split().items()}
     jobs = [Finished(kinds[job_id], doc) for job_id, doc in done.items()]
+    # The service's own clock: first submission to last finish, not when the bench happened to look.
+    seconds = (
+        max(_time(j.doc["finished_at"]) for j in jobs) - min(_time(j.doc["submitted_at"]) for j in jobs)
+    ).total_seconds()
     return RunFigures(name, jobs, seconds, sum(split.values()), cpu_split=split)
 
 
