@@ -63,6 +63,7 @@ from tests.service.conftest import PostgresServer  # noqa: E402
 BIN = Path(sys.executable).parent
 SCHEMA = "id BIGINT, v STRING"
 FINAL = {"succeeded", "failed", "cancelled"}
+WATCHED_JOBS = 8  # unfinished jobs read per pass of ``Stack.wait``
 
 
 @dataclass
@@ -175,8 +176,8 @@ class Stack:
         self.next_id += 1
         return self.upsert(table, [{"id": self.next_id, "v": f"n{self.next_id}"}]), self.next_id
 
-    def wait(self, ids: Iterable[str], timeout: float, *, watch: int = 8) -> dict[str, dict[str, Any]]:
-        """Each job's final document. Like a client draining its own queue, only the ``watch`` oldest unfinished
+    def wait(self, ids: Iterable[str], timeout: float) -> dict[str, dict[str, Any]]:
+        """Each job's final document. Like a client draining its own queue, only the ``WATCHED_JOBS`` oldest unfinished
         jobs are read on each pass: reading all 400 every tenth of a second cost the API more CPU than the merges'
         own requests, on the cores the merges run on."""
         pending = list(dict.fromkeys(ids))
@@ -185,7 +186,7 @@ class Stack:
         while pending:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{len(pending)} jobs not finished in {timeout:.0f} s")
-            for job_id in pending[:watch]:
+            for job_id in pending[:WATCHED_JOBS]:
                 doc = self.client.get(f"/merges/{job_id}").json()
                 if doc["status"] in FINAL:
                     if doc["status"] != "succeeded":
