@@ -41,9 +41,16 @@ def _upsert(target: Path, deletion_vectors: bool, rows: list[dict[str, object]])
     )
 
 
-WARM_UP_GAIN = 0.9
-"""A round of the JIT's warm-up must take at most this share of the best round before it for the warm-up to go
-on: past that the server's JIT has compiled what small merges run, and what is left is noise."""
+WARM_UP_PATIENCE = 8
+"""The JIT's warm-up goes on while one of the last this many rounds was the best so far: on a fresh server a round's
+time falls slowly and unevenly for hundreds of merges, and a server already warm, whose rounds only vary, sets a
+new best ever more rarely."""
+
+WARM_UP_GAIN = 0.98
+"""A new best round must take at most this share of the best before it: a round a hair faster is noise."""
+
+DV_ROUND_EVERY = 4
+"""Every this many rounds also runs a deletion-vector upsert, which costs as much as a few small merges."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,10 @@ class WarmUp:
 def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> WarmUp:
     """Upserts into two tables of three rows made under ``scratch`` (one with deletion vectors enabled), checks
     that each updated one row and inserted one, then, for up to ``max_seconds``, runs rounds of small merges (an
-    update, an insert past every file, a deletion-vector upsert) while each round is clearly faster than the best
-    before it: the server's JIT compiles Spark's hot paths only after many merges, and a server already warm stops
-    after two rounds. The tables are removed at the end. ``scratch`` must be a directory Spark can write to."""
+    update and an insert past every file, with a deletion-vector upsert every few rounds) while they still get
+    faster (``still_warming``): the server's JIT compiles Spark's hot paths only after many merges, and a server
+    already warm stops after some ten rounds. The tables are removed at the end. ``scratch`` must be a directory
+    Spark can write to."""
     start = time.monotonic()
     rounds: list[float] = []
     base = scratch / f"warm-up-{uuid.uuid4().hex}"
@@ -83,20 +91,24 @@ def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> 
 
 
 def still_warming(rounds: list[float]) -> bool:
-    """Whether the last round was clearly faster than every round before it: the first round always is."""
-    return len(rounds) < 2 or rounds[-1] <= min(rounds[:-1]) * WARM_UP_GAIN
+    """Whether one of the last ``WARM_UP_PATIENCE`` rounds was clearly faster than every round before it (the first
+    rounds always are)."""
+    if len(rounds) <= WARM_UP_PATIENCE:
+        return True
+    return min(rounds[-WARM_UP_PATIENCE:]) <= min(rounds[:-WARM_UP_PATIENCE]) * WARM_UP_GAIN
 
 
 def _warm_the_jit(spark: SparkSession, targets: list[Path], deadline: float, rounds: list[float]) -> None:
-    """Rounds of the same small merges, appended to ``rounds``, while ``still_warming`` and before the deadline.
-    Every round runs the same shapes, twice each, so that rounds compare."""
+    """Rounds of the two shapes of a small upsert, appended to ``rounds``, while ``still_warming`` and before the
+    deadline. The JIT compiles by how often a path runs, so the rounds are cheap and many; a round's time counts
+    its two copy-on-write merges only, so that rounds compare."""
     cow, dv = targets
     key = 100
     while time.monotonic() < deadline and still_warming(rounds):
+        key += 1
         began = time.monotonic()
-        for _ in range(2):
-            key += 1
-            run_merge(spark, _upsert(cow, False, [{"id": 2, "v": f"w{key}"}]))  # a match: the single pass
-            run_merge(spark, _upsert(cow, False, [{"id": key, "v": "w"}]))  # a new key past every file
-            run_merge(spark, _upsert(dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]))  # on read
+        run_merge(spark, _upsert(cow, False, [{"id": 2, "v": f"w{key}"}]))  # a match: the single pass
+        run_merge(spark, _upsert(cow, False, [{"id": key, "v": "w"}]))  # a new key past every file
         rounds.append(time.monotonic() - began)
+        if len(rounds) % DV_ROUND_EVERY == 0:
+            run_merge(spark, _upsert(dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]))  # on read

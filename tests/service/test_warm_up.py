@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from structlog.testing import capture_logs
 
 import engine
-from engine.warm_start import still_warming
+from engine.warm_start import WARM_UP_GAIN, WARM_UP_PATIENCE, still_warming
 from service.jobs import NewJob, Status
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
@@ -130,14 +130,17 @@ def test_the_engine_warm_up_merges_both_ways(spark: object, tmp_path: Path) -> N
     assert not (tmp_path / "scratch").exists()
 
 
-def test_the_jit_rounds_go_on_while_each_is_clearly_faster_than_the_best_before() -> None:
-    assert still_warming([])
-    assert still_warming([9.0])
-    assert still_warming([9.0, 5.0])
-    assert still_warming([9.0, 5.0, 4.4])
-    assert not still_warming([9.0, 5.0, 4.6])  # 4.6 > 0.9 * 5.0: what is left is noise
-    assert not still_warming([3.0, 3.1])  # a server already warm: two rounds
-    assert not still_warming([9.0, 4.0, 6.0])  # slower than the best: over
+def test_the_jit_rounds_go_on_while_a_recent_round_was_clearly_the_best() -> None:
+    assert all(still_warming([9.0] * n) for n in range(WARM_UP_PATIENCE + 1))  # too few rounds to judge
+    # A fresh server (rounds measured on one): slow, uneven gains, a new best every few rounds.
+    cold = [2.85, 1.38, 1.62, 1.3, 1.59, 1.15, 1.28, 1.27, 0.98, 1.1, 1.2, 1.05, 1.0, 1.02, 0.99, 1.01, 1.03]
+    assert all(still_warming(cold[:n]) for n in range(len(cold) + 1)[: WARM_UP_PATIENCE + 9])
+    assert not still_warming(cold)  # eight rounds since 0.98, none below 0.98 * 0.98
+    # A warm server: rounds that only vary set no clear best for eight rounds.
+    warm = [0.40, 0.42, 0.45, 0.41, 0.43, 0.40, 0.44, 0.41, 0.42]
+    assert not still_warming(warm)
+    assert still_warming([*warm[:-1], 0.40 * WARM_UP_GAIN])  # a clear new best within the last eight: go on
+    assert not still_warming([*warm[:-1], 0.40 * WARM_UP_GAIN + 0.001])  # a hair under the best: noise
 
 
 def test_on_a_warm_server_the_jit_rounds_end_by_themselves(spark: object, tmp_path: Path) -> None:
