@@ -118,14 +118,14 @@ def test_transient_errors_retry_with_backoff_then_succeed(settings: Settings, ma
     # Equal jitter: the retry waits 2 to 4 seconds, wide enough that a loaded machine's next call is still inside it.
     slow = settings.model_copy(update={"backoff_base_seconds": 4.0, "backoff_max_seconds": 4.0})
     worker = make_worker(slow, manager, FakeRunner(flaky))
-    failed_at = time.monotonic()
+    attempt_began = time.monotonic()
     assert worker.run_once()
     job = manager.get(job_id)
     assert job.status is Status.QUEUED and job.error is not None and job.error["status"] == 409
-    if time.monotonic() - failed_at < 2.0:
+    if time.monotonic() - attempt_began < 2.0:
         assert not worker.run_once()  # still backing off
     wait_until(lambda: worker.run_once(), timeout=6)
-    assert time.monotonic() - failed_at >= 2.0
+    assert time.monotonic() - attempt_began >= 2.0
     job = manager.get(job_id)
     assert (job.status, job.attempts, job.error) == (Status.SUCCEEDED, 2, None)
 
