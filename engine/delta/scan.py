@@ -70,6 +70,7 @@ BITMAP_WORDS = 4_000_000
 """Up to this many 64-bit words (32 MB) of plain bitmaps in one scan, deleted rows are dropped by bitmap; beyond it,
 by the side table. A file's bitmap reaches its last deleted row: 15,625 words for a million rows."""
 _BITMAP_COL = "__delta_dv_bitmap"
+_BITMAP_FILE_COL = "__delta_dv_bitmap_file"
 _LAST_DELETED_COL = "__delta_dv_last"
 _WORD_COL = "__delta_dv_word"
 
@@ -228,7 +229,7 @@ def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tup
         lengths.append(count)
     bitmaps = pa.table(
         {
-            FILE_NAME_COL: pa.array([path for path, _ in vectors], pa.string()),
+            _BITMAP_FILE_COL: pa.array([path for path, _ in vectors], pa.string()),
             _LAST_DELETED_COL: pa.array(lasts, pa.int64()),
             _BITMAP_COL: pa.ListArray.from_arrays(
                 pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32()),
@@ -239,11 +240,14 @@ def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tup
     row = F.col(ROW_INDEX_COL)
     word = F.get(F.col(_BITMAP_COL), F.shiftright(row, 6).cast("int"))
     bit = F.expr(f"shiftright(`{_WORD_COL}`, cast(`{ROW_INDEX_COL}` & 63 AS INT)) & 1")
-    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on=FILE_NAME_COL, how="inner")
+    # A join on an expression keeps the scan's columns first and in order, so dropping the bitmap's columns gives
+    # the scan's back without asking the server for them.
+    on = F.col(FILE_NAME_COL) == F.col(_BITMAP_FILE_COL)
+    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="inner")
     kept = joined.withColumn(_WORD_COL, F.when(row <= F.col(_LAST_DELETED_COL), word)).where(
         F.col(_WORD_COL).isNull() | (bit == 0)
     )
-    return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
+    return kept.drop(_BITMAP_FILE_COL, _LAST_DELETED_COL, _BITMAP_COL, _WORD_COL)
 
 
 def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
