@@ -144,8 +144,7 @@ def _scan(
     with_vectors = [f for f in unique if f.deletion_vector is not None]
     if not with_vectors:
         return _scan_stored(spark, snapshot, unique, file_columns, row_tracking)
-    stored = _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking, per_file=True)
-    live = _drop_deleted_rows(spark, snapshot, stored, with_vectors)
+    live = _live_rows(spark, snapshot, with_vectors, row_tracking)
     table_columns = [F.col(f"`{f.name}`") for f in snapshot.spark_schema.fields]
     tracking = [F.col(c) for c in ROW_TRACKING_COLS] if row_tracking else []
     if file_columns == "none":
@@ -159,12 +158,26 @@ def _scan(
     return _scan_stored(spark, snapshot, without, file_columns, row_tracking).unionByName(live)
 
 
-def _drop_deleted_rows(spark: SparkSession, snapshot: Snapshot, scan: DataFrame, files: Sequence[AddFile]) -> DataFrame:
-    """``scan`` (with ``_file_name_`` and ``_row_index_``) without the rows the files' deletion vectors delete."""
+def _live_rows(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], row_tracking: bool) -> DataFrame:
+    """The rows of ``files`` (each with a deletion vector) that their vectors keep, with ``_file_name_`` and
+    ``_row_index_``."""
     vectors = []
     for add in files:
         assert add.deletion_vector is not None
         vectors.append((add.path, read_deletion_vector(add.deletion_vector, snapshot.root)))
+    total = sum(len(rows) for _, rows in vectors)
+    by_bitmaps = total > INLINE_DELETED_ROWS and sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS
+    read_once = (
+        _drop_by_bitmaps_in_one_read(spark, snapshot, files, vectors) if by_bitmaps and not row_tracking else None
+    )
+    if read_once is not None:
+        return read_once
+    stored = _scan_stored(spark, snapshot, files, "name_and_row_index", row_tracking, per_file=True)
+    return _drop_deleted_rows(spark, stored, vectors)
+
+
+def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
+    """``scan`` (with ``_file_name_`` and ``_row_index_``) without the rows the files' deletion vectors delete."""
     total = sum(len(rows) for _, rows in vectors)
     if total == 0:
         return scan
@@ -215,10 +228,68 @@ def _word_count(rows: BitMap64) -> int:
     return (rows.max() >> 6) + 1 if rows else 0
 
 
+def _drop_by_bitmaps_in_one_read(
+    spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], vectors: Sequence[tuple[str, BitMap64]]
+) -> DataFrame | None:
+    """An unpartitioned table's files read together, each row joined to its file's bitmap by the reader's own
+    path: reading the files one by one (to name each by a literal) costs some 25 ms a file in planning and
+    tasks, and the join by the reader's path needs no new string per row. The row's log path comes from the
+    bitmap's row. None: a file's path is not one Spark reports verbatim, or the table has partition columns."""
+    if snapshot.partition_columns:
+        return None
+    local = [snapshot.file_path(add) for add in files]
+    if not all(_PLAIN_PATH.fullmatch(p) for p in local):
+        return None
+    _, read_schema, data_columns = _data_columns(snapshot, snapshot.spark_schema)
+    scan = (
+        spark.read.schema(read_schema)
+        .parquet(*(spark_read_path(p) for p in local))
+        .select(
+            *data_columns,
+            F.col("_metadata.file_path").alias(LOCAL_PATH_COL),
+            F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+        )
+    )
+    bitmaps = _bitmaps_table(["file:" + p for p in local], vectors).append_column(
+        FILE_NAME_COL, pa.array([add.path for add in files], pa.string())
+    )
+    on = F.col(LOCAL_PATH_COL) == F.col(_BITMAP_FILE_COL)
+    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="left")
+    unmapped = F.raise_error(
+        F.concat(F.lit(f"[{UNMAPPED_MARKER}] scanned file not in the request: "), F.col(LOCAL_PATH_COL))
+    )
+    kept = _with_word(joined).where(F.when(F.col(_BITMAP_FILE_COL).isNull(), unmapped).otherwise(_kept_by_word()))
+    table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
+    return kept.select(*table_columns, F.col(FILE_NAME_COL), F.col(ROW_INDEX_COL))
+
+
 def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
     """Each file's deleted rows as a plain bitmap (an array of longs up to its last deleted row, one bit a row),
     one row per file broadcast to the scan: a row is dropped by one array read and a shift, with no per-row hash
     and no side table as long as the scan has rows."""
+    bitmaps = _bitmaps_table([path for path, _ in vectors], vectors)
+    # A join on an expression keeps the scan's columns first and in order, so dropping the bitmap's columns gives
+    # the scan's back without asking the server for them.
+    on = F.col(FILE_NAME_COL) == F.col(_BITMAP_FILE_COL)
+    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="inner")
+    kept = _with_word(joined).where(_kept_by_word())
+    return kept.drop(_BITMAP_FILE_COL, _LAST_DELETED_COL, _BITMAP_COL, _WORD_COL)
+
+
+def _with_word(joined: DataFrame) -> DataFrame:
+    """The bitmap's word that holds the row's bit; NULL past the file's last deleted row."""
+    row = F.col(ROW_INDEX_COL)
+    word = F.get(F.col(_BITMAP_COL), F.shiftright(row, 6).cast("int"))
+    return joined.withColumn(_WORD_COL, F.when(row <= F.col(_LAST_DELETED_COL), word))
+
+
+def _kept_by_word() -> Column:
+    bit = F.expr(f"shiftright(`{_WORD_COL}`, cast(`{ROW_INDEX_COL}` & 63 AS INT)) & 1")
+    return F.col(_WORD_COL).isNull() | (bit == 0)
+
+
+def _bitmaps_table(keys: Sequence[str], vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
+    """One row per file: its key, its last deleted row and its plain bitmap."""
     lasts, lengths, words = [], [], []
     for _, rows in vectors:
         count = _word_count(rows)
@@ -227,9 +298,9 @@ def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tup
         words.append(np.packbits(bits, bitorder="little").view("<i8"))
         lasts.append(rows.max() if rows else -1)
         lengths.append(count)
-    bitmaps = pa.table(
+    return pa.table(
         {
-            _BITMAP_FILE_COL: pa.array([path for path, _ in vectors], pa.string()),
+            _BITMAP_FILE_COL: pa.array(list(keys), pa.string()),
             _LAST_DELETED_COL: pa.array(lasts, pa.int64()),
             _BITMAP_COL: pa.ListArray.from_arrays(
                 pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32()),
@@ -237,17 +308,6 @@ def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tup
             ),
         }
     )
-    row = F.col(ROW_INDEX_COL)
-    word = F.get(F.col(_BITMAP_COL), F.shiftright(row, 6).cast("int"))
-    bit = F.expr(f"shiftright(`{_WORD_COL}`, cast(`{ROW_INDEX_COL}` & 63 AS INT)) & 1")
-    # A join on an expression keeps the scan's columns first and in order, so dropping the bitmap's columns gives
-    # the scan's back without asking the server for them.
-    on = F.col(FILE_NAME_COL) == F.col(_BITMAP_FILE_COL)
-    joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="inner")
-    kept = joined.withColumn(_WORD_COL, F.when(row <= F.col(_LAST_DELETED_COL), word)).where(
-        F.col(_WORD_COL).isNull() | (bit == 0)
-    )
-    return kept.drop(_BITMAP_FILE_COL, _LAST_DELETED_COL, _BITMAP_COL, _WORD_COL)
 
 
 def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:

@@ -8,6 +8,7 @@ import struct
 import uuid
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -225,14 +226,25 @@ def test_snapshot_after_checkpoint(lake: Path) -> None:
     assert {f.path: f.deletion_vector for f in older.files}[files[0]] is None
 
 
+@pytest.mark.parametrize("by_bitmaps", [False, True], ids=["inline", "bitmaps"])
 @pytest.mark.parametrize("per_file", [True, False], ids=["file-by-file", "one-read"])
 @pytest.mark.parametrize("storage", ["u", "i", "p"])
 def test_scan_drops_deleted_rows(
-    spark: SparkSession, lake: Path, storage: str, per_file: bool, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, lake: Path, storage: str, per_file: bool, by_bitmaps: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Files with vectors are read one by one (few: each named by a literal) or together (many: named from the
-    reader's path); each row keeps its file's log path and row index either way."""
+    reader's path; with bitmaps, always together, each row joined to its file's bitmap by the reader's path);
+    each row keeps its file's log path and row index every way."""
     monkeypatch.setattr(scan_module, "PER_FILE_SCAN_FILES", 1_000 if per_file else 0)
+    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", 0 if by_bitmaps else 1_000)
+    stored_reads: list[bool] = []
+    scan_stored = scan_module._scan_stored
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        stored_reads.append(bool(kwargs.get("per_file")))
+        return scan_stored(*args, **kwargs)
+
+    monkeypatch.setattr(scan_module, "_scan_stored", recorded)
     path, files = _dv_table(lake)
     delete_rows(
         path,
@@ -251,6 +263,8 @@ def test_scan_drops_deleted_rows(
     assert {r[FILE_NAME_COL] for r in named} == set(files)
     for r in named:
         assert pq.read_table(path / r[FILE_NAME_COL]).column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
+    # Bitmaps over an unpartitioned table's plain paths: one read of the files with vectors, never file by file.
+    assert (True in stored_reads) is not by_bitmaps
 
 
 @pytest.mark.parametrize(
@@ -290,6 +304,22 @@ def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
     with_path = scan_files_with_path(spark, snapshot, snapshot.files)
     touched = with_path.where("id % 1000 = 1").select(FILE_PATH_COL).distinct().collect()
     assert {f.path for f in files_at_paths(snapshot, snapshot.files, [r[0] for r in touched])} <= set(files)
+
+
+def test_bitmaps_of_files_at_paths_spark_rewrites_are_applied_file_by_file(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path Spark does not report verbatim (here a space, which it escapes) cannot be joined by the reader's
+    path: such files are read one by one, named by literals, and still lose exactly their deleted rows."""
+    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", 0)
+    path, files = _dv_table(tmp_path / "a lake")
+    delete_rows(path, {files[0]: [0, 4, 9], files[1]: [3]})
+    snapshot = load_snapshot(path)
+    expected = read_with_deltalake(path).column("id").to_pylist()
+    named = scan_files(spark, snapshot, snapshot.files).collect()
+    assert sorted(r["id"] for r in named) == expected
+    for r in named:
+        assert pq.read_table(path / r[FILE_NAME_COL]).column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
 
 
 def test_scan_of_some_files_reads_their_vectors_only(spark: SparkSession, lake: Path) -> None:
