@@ -61,6 +61,13 @@ class MergeContext:
     rewrite preserves the stable row ids of updated and copied rows, and the commit versions of copied ones."""
 
     @property
+    def source_rows(self) -> int | None:
+        """The source's rows as counted by a Spark job (findTouchedFiles), else as estimated before any. The
+        metrics start at 0, so a 0 count falls back to the estimate: a plan chosen on a count not yet taken
+        would take every source for an empty one."""
+        return self.metrics.get("numSourceRows") or self.source_rows_estimate
+
+    @property
     def output_names(self) -> list[str]:
         return [f.name for f in self.resolved.output_fields]
 

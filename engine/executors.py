@@ -260,7 +260,7 @@ class ClassicMergeExecutor:
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
         if spec.is_matched_only:
             return counted.alias(s).join(target.alias(t), on, "right_outer")
-        if not source_fits_broadcast(ctx, ctx.metrics.get("numSourceRows"), ctx.touched_files):
+        if not source_fits_broadcast(ctx, ctx.source_rows, ctx.touched_files):
             return counted.alias(s).join(target.alias(t), on, "full_outer")
         return self._broadcast_join_for_write(source, counted, target, keep_unmatched_target=True)
 
@@ -271,15 +271,13 @@ class ClassicMergeExecutor:
         target: DataFrame,
         *,
         keep_unmatched_target: bool,
-        source_rows: int | None = None,
         files: Sequence[AddFile] | None = None,
     ) -> DataFrame:
         """The source broadcast to the streamed target rows, united with the unmatched source rows; the target rows
-        no source row matches are kept (left outer) or left out (inner). ``source_rows``: the source's row count
-        where findTouchedFiles has not counted it; ``files``: the files ``target`` reads, where they are not the
-        touched files."""
+        no source row matches are kept (left outer) or left out (inner). ``files``: the files ``target`` reads,
+        where they are not the touched files."""
         ctx = self.ctx
-        bitmap = KeyBitmap.for_merge(ctx, ctx.metrics.get("numSourceRows", source_rows))
+        bitmap = KeyBitmap.for_merge(ctx, ctx.source_rows)
         if ctx.matched_source_keys is not None:
             matched, keyed = ctx.matched_source_keys
             unmatched = unmatched_source_rows_by_matched_keys(counted, matched, keyed, ctx.spec.source_alias)

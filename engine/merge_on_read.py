@@ -39,7 +39,6 @@ from engine.joins import (
     union_unmatched_source_rows,
     unmatched_source_rows_by_matched_keys,
 )
-from engine.key_bitmap import KeyBitmap
 from engine.merge_condition import KeyedOn
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
@@ -211,7 +210,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         the only table columns read."""
         ctx = self.ctx
         spec = ctx.spec
-        source_rows = ctx.metrics.get("numSourceRows", ctx.source_rows_estimate)
+        source_rows = ctx.source_rows
         target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files, columns=columns)
         second_scan = Observation("secondScan")
         counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
@@ -224,10 +223,10 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
             # The target rows stream past the broadcast source instead of being shuffled to meet it.
             keyed = keyed_join(ctx) if matched_keys else None
             if keyed is not None:
-                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, source_rows, cache)
+                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, cache)
             else:
                 joined = self._broadcast_join_for_write(
-                    source, counted, target, keep_unmatched_target=keeps_target, source_rows=source_rows, files=files
+                    source, counted, target, keep_unmatched_target=keeps_target, files=files
                 )
         else:
             how = {
@@ -245,16 +244,15 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         counted: DataFrame,
         target: DataFrame,
         keyed: KeyedOn,
-        source_rows: int | None,
         cache: list[DataFrame],
     ) -> DataFrame:
         """The one scan's broadcast plan: the target's inner join with the broadcast source is cached, and the
         unmatched source rows are those whose keys it did not meet (as findTouchedFiles' matched keys give them
-        to the two passes), so the target is not read again to find them."""
+        to the two passes), so the target is not read again to find them. No key bitmap: the broadcast join alone
+        is quicker here (500,000 upserts into 5,000,000 rows: 3.09 s without one, 3.40 s with one built)."""
         ctx = self.ctx
         s = ctx.spec.source_alias
-        bitmap = KeyBitmap.for_merge(ctx, source_rows)
-        with_source, target_fields = broadcast_join_target(ctx, source, target, bitmap, keep_unmatched_target=False)
+        with_source, target_fields = broadcast_join_target(ctx, source, target, None, keep_unmatched_target=False)
         with_source = with_source.persist()
         cache.append(with_source)
         keys = with_source.select(

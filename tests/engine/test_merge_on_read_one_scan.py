@@ -251,3 +251,30 @@ def test_a_write_that_saw_too_many_target_rows_is_discarded_for_the_aggregation(
     assert read_with_deltalake(bounded_table).to_pylist() == read_with_deltalake(table).to_pylist()
     assert _files_with_vectors(bounded_table) == [0, 400]
     assert stray_files(bounded_table) == set()
+
+
+def test_the_join_is_planned_on_the_source_rows_known_before_the_count(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before any Spark job counts the source, the one scan chooses its join on the source's estimated rows
+    (here from the source table's statistics): never on the metric's starting 0, which would broadcast a
+    source of any size. 300 source rows against 200 candidate rows are shuffled, not broadcast."""
+    from engine import joins
+
+    seen: list[tuple[int | None, bool]] = []
+    real = joins.source_fits_broadcast
+
+    def recorded(ctx: MergeContext, rows: int | None, files: Sequence[AddFile]) -> bool:
+        fits = real(ctx, rows, files)
+        seen.append((rows, fits))
+        return fits
+
+    monkeypatch.setattr(merge_on_read, "source_fits_broadcast", recorded)
+    ids = [*range(0, 400, 2), *range(1, 200, 2)]  # 300 keys: the 200 rows of the first two files, 100 new
+    source = write_table(tmp_path / "source", _rows(ids, "s"))
+    target = _target(tmp_path / "target", cdf=False)
+    result, scans = _merge(monkeypatch, spark, target, source, UPSERT, one_scan=True)
+    assert seen and seen == [(300, False)] * len(seen)
+    assert scans == [2]
+    assert (result.metrics["numTargetRowsUpdated"], result.metrics["numTargetRowsInserted"]) == (200, 100)
+    assert read_with_deltalake(target).num_rows == 500
