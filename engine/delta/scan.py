@@ -9,7 +9,8 @@ Vectors"). Files without a vector are read as before; files with one are read wi
 row index, and their deleted rows dropped there: a plan-inline ``row_index IN (...)`` per file while the scan's
 vectors hold few rows (Spark turns each list into a hash set); beyond that each file's vector as a plain bitmap
 (an array of longs, one bit a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions
-of rows; and for vectors wider still an anti-join with a side table of (file number, row index) built from Arrow.
+of rows, met by the reader's own path where Spark reports it verbatim; and for vectors wider still an anti-join
+with a side table of (file number, row index) built from Arrow.
 A side table of many rows is slow: Spark Connect carries it in every plan built on the scan, and converts it at
 every analysis (about 2 s per 100,000 rows).
 
@@ -77,8 +78,9 @@ _WORD_COL = "__delta_dv_word"
 PER_FILE_SCAN_FILES = 32
 """Up to this many files with deletion vectors, their scan reads each file on its own and gives it its log path as
 a literal: naming the file from ``_metadata.file_path`` costs a new string per row (0.7 s a million rows here, twice
-the read itself), and the vector's filter on a literal name folds to the row index alone. Files without vectors
-are read together: many small files share tasks."""
+the read itself), and the vector's filter on a literal name folds to the row index alone. Not where bitmaps drop
+the rows of an unpartitioned table's files: those are read together and joined to their bitmaps by the reader's
+path (``_drop_by_bitmaps_in_one_read``). Files without vectors are read together: many small files share tasks."""
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
