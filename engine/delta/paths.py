@@ -24,6 +24,8 @@ HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Characters Spark's ExternalCatalogUtils.escapePathName escapes in partition directory names.
 _SPARK_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^") | {chr(c) for c in range(1, 32)}
 _GLOB_CHARS = re.compile(r"([{}\[\]*?\\])")
+PLAIN_PATH = re.compile(r"/[A-Za-z0-9/._=-]*")
+"""Local paths Spark reports verbatim after ``file:`` in ``_metadata.file_path`` (nothing to percent-encode)."""
 _PCT = re.compile(r"%([0-9A-Fa-f]{2})")
 
 

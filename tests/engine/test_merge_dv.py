@@ -14,8 +14,7 @@ from deltalake import write_deltalake
 from pyspark.sql import SparkSession
 
 from engine import run_merge
-from engine.delta import load_snapshot
-from engine.delta import scan as scan_module
+from engine.delta import load_snapshot, scan_deleted_rows
 from tests.engine.delta.dv_tables import (
     delete_rows,
     enable_deletion_vectors,
@@ -165,7 +164,7 @@ def test_a_deleted_duplicate_is_no_multiple_match(spark: SparkSession, lake: Pat
 
 def test_source_with_deletion_vectors(spark: SparkSession, lake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The source's deleted rows take no part, whichever way the scan drops them."""
-    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", 0)
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0)
     target = write_table(lake / "target", _rows([1, 2, 3], "t"))
     source = write_table(lake / "source", _rows([2, 3, 4, 5], "s"))
     enable_deletion_vectors(source)

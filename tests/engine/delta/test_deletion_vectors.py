@@ -26,6 +26,7 @@ from engine.delta import (
     files_at_paths,
     load_snapshot,
     prune_files,
+    scan_deleted_rows,
     scan_files,
     scan_files_with_path,
 )
@@ -236,7 +237,7 @@ def test_scan_drops_deleted_rows(
     reader's path; with bitmaps, always together, each row joined to its file's bitmap by the reader's path);
     each row keeps its file's log path and row index every way."""
     monkeypatch.setattr(scan_module, "PER_FILE_SCAN_FILES", 1_000 if per_file else 0)
-    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", 0 if by_bitmaps else 1_000)
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0 if by_bitmaps else 1_000)
     stored_reads: list[bool] = []
     scan_stored = scan_module._scan_stored
 
@@ -283,9 +284,9 @@ def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
     """The plan-inline filter, the broadcast bitmaps (rows in every bit of a word, the sign bit included) and the
     side-table anti-join (on one long key, or on the pair when row indexes are too wide for it) give the same
     rows; partition values still join."""
-    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", inline_limit)
-    monkeypatch.setattr(scan_module, "BITMAP_WORDS", bitmap_words)
-    monkeypatch.setattr(scan_module, "_ROW_BITS", row_bits)
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", inline_limit)
+    monkeypatch.setattr(scan_deleted_rows, "BITMAP_WORDS", bitmap_words)
+    monkeypatch.setattr(scan_deleted_rows, "_ROW_BITS", row_bits)
     path = lake / "parted"
     data = _rows(0, 3000).append_column("part", pa.array([["a b", "c"][i % 2] for i in range(3000)]))
     write_deltalake(str(path), data, partition_by=["part"])
@@ -311,7 +312,7 @@ def test_bitmaps_of_files_at_paths_spark_rewrites_are_applied_file_by_file(
 ) -> None:
     """A path Spark does not report verbatim (here a space, which it escapes) cannot be joined by the reader's
     path: such files are read one by one, named by literals, and still lose exactly their deleted rows."""
-    monkeypatch.setattr(scan_module, "INLINE_DELETED_ROWS", 0)
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0)
     path, files = _dv_table(tmp_path / "a lake")
     delete_rows(path, {files[0]: [0, 4, 9], files[1]: [3]})
     snapshot = load_snapshot(path)
