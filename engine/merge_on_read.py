@@ -10,7 +10,6 @@ job.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from engine.joins import (
 from engine.merge_condition import KeyedOn
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
-from engine.source_key_values import SourceKeyValues, keep_matchable_rows, source_key_values
+from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
 from engine.spark import Observation
 from engine.write_files import record_write_metrics
 
@@ -65,11 +64,6 @@ class DeletionVectorChanges:
 
 
 class MergeOnReadExecutor(ClassicMergeExecutor):
-    @functools.cached_property
-    def _source_key_values(self) -> SourceKeyValues | None:
-        """Taken once a merge: the one scan may join twice (its observed write given up for an aggregation)."""
-        return source_key_values(self.ctx)
-
     def takes_one_scan(self) -> bool:
         """Whether the write's join can find the touched files itself: every match touches its file (so a file is
         touched exactly when the join gives it a target row), no NOT MATCHED BY SOURCE clause (the join then holds
@@ -226,12 +220,12 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
         # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
         keeps_target = bool(spec.not_matched_by_source)
-        keys = self._source_key_values if matched_keys else None
+        keys = source_key_filter(ctx) if matched_keys else None
         if keys is not None:
             # The one scan holds no unmatched target row: the target rows the source's keys cannot match go in the
             # scan, and both small sides are joined whole.
             how = "left_outer" if spec.not_matched else "inner"
-            joined = counted.alias(s).join(keep_matchable_rows(target, keys).alias(t), on, how)
+            joined = counted.alias(s).join(keep_rows_of_source_keys(ctx, target, keys).alias(t), on, how)
         elif spec.not_matched and source_fits_broadcast(ctx, source_rows, files):
             # The target rows stream past the broadcast source instead of being shuffled to meet it.
             keyed = keyed_join(ctx) if matched_keys else None

@@ -1,0 +1,45 @@
+"""The target rows a small source's keys may match: the candidate files' rows semi-joined with the source's ON keys.
+
+A merge-on-read merge of a few source rows otherwise reads every row of its candidate files into a join only to
+find the few its source matches, and then needs the joined rows twice (the matched ones to write, their keys for
+the unmatched source rows): a cached join and a second broadcast. With the target's rows kept by the source's keys
+first, both sides of the write's join are small, and it is shuffled and joined whole in one query.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from engine.context import MergeContext
+from engine.expressions import quote_identifier
+from engine.join_keys import key_condition, keyed_join, qualified_column
+from engine.merge_condition import KeyedOn
+
+SOURCE_KEY_FILTER_MAX_ROWS = 10_000
+"""At most this many source rows (known before any Spark job): their keys are broadcast beside the scan, and
+the target rows they keep are shuffled to the join."""
+
+_TARGET, _KEYS = "_target_", "_source_keys_"
+
+
+def source_key_filter(ctx: MergeContext) -> KeyedOn | None:
+    """ON's key equalities, where the source is small enough to filter the target's scan by its keys."""
+    estimate = ctx.source_rows_estimate
+    if estimate is None or estimate > SOURCE_KEY_FILTER_MAX_ROWS:
+        return None
+    return keyed_join(ctx)
+
+
+def keep_rows_of_source_keys(ctx: MergeContext, target: DataFrame, keyed: KeyedOn) -> DataFrame:
+    """``target``'s rows whose ON keys equal some source row's (with each key's null-safety): every other row
+    matches no source row."""
+    keys = ctx.source.select(
+        *[F.col(quote_identifier(k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)]
+    )
+    condition = key_condition(
+        keyed,
+        [qualified_column(_TARGET, k.target_column) for k in keyed.keys],
+        [qualified_column(_KEYS, f"_key_{i}_") for i in range(len(keyed.keys))],
+    )
+    return target.alias(_TARGET).join(F.broadcast(keys.alias(_KEYS)), condition, "left_semi")
