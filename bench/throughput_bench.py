@@ -17,7 +17,8 @@ Runs, in order:
   again    and once more after they started again: more workers must never merge fewer a minute than fewer
            workers. The server's JIT goes on compiling long after the warm-up, so a later run is faster by
            that alone: ``small`` and ``again`` bracket ``fewer``, and their rate together is compared.
-  medium   ``--medium`` upserts of 1,000 source rows into a table of ``--medium-rows`` rows: engine time p50.
+  medium   ``--medium`` upserts of 1,000 source rows into a table of ``--medium-rows`` rows: engine time p50;
+  medium-dv  the same into a copy with deletion vectors enabled (merge-on-read, Databricks' default for new tables).
   beside   the same small merges with one large merge (an upsert of ``--large-rows``/10 rows into the large table)
            submitted first: the small merges' p95 against the ``small`` run's.
 
@@ -238,20 +239,29 @@ def small_run(stack: Stack, name: str, merges: int, timeout: float, *, beside: P
     return RunFigures(name, jobs, seconds, sum(split.values()), cpu_split=split)
 
 
-def medium_run(stack: Stack, rows: int, count: int, timeout: float) -> RunFigures:
-    """``count`` upserts of 1,000 rows (half updates, half inserts) into a table of ``rows`` rows, one at a time."""
-    table = stack.lake / "medium"
-    write_deltalake(
-        str(table), pa.table({"id": pa.array(np.arange(0, 2 * rows, 2), pa.int64()), "v": pa.array(["m"] * rows)})
-    )
+def medium_run(stack: Stack, rows: int, count: int, timeout: float, *, deletion_vectors: bool = False) -> RunFigures:
+    """``count`` upserts of 1,000 rows (half updates, half inserts) into a table of ``rows`` rows, one at a time;
+    ``deletion_vectors``: the table has them enabled (as Databricks creates tables), so the merges are
+    merge-on-read."""
+    kind = "medium-dv" if deletion_vectors else "medium"
+    table = stack.lake / kind
+    data = pa.table({"id": pa.array(np.arange(0, 2 * rows, 2), pa.int64()), "v": pa.array(["m"] * rows)})
+    if deletion_vectors:
+        from bench.merge.data import enable_deletion_vectors
+
+        base = stack.lake / f"{kind}-base"
+        write_deltalake(str(base), data)
+        enable_deletion_vectors(base, table)
+    else:
+        write_deltalake(str(table), data)
     rng = np.random.default_rng(7)
     cpu0, t0 = stack.cpu_seconds(), time.monotonic()
     jobs: list[Finished] = []
     for _ in range(count):
         keys = rng.choice(2 * rows, 1000, replace=False)
         job_id = stack.upsert(table, [{"id": int(k), "v": "u"} for k in keys])
-        jobs += [Finished("medium", doc) for doc in stack.wait([job_id], timeout).values()]
-    return RunFigures("medium", jobs, time.monotonic() - t0, stack.cpu_seconds() - cpu0)
+        jobs += [Finished(kind, doc) for doc in stack.wait([job_id], timeout).values()]
+    return RunFigures(kind, jobs, time.monotonic() - t0, stack.cpu_seconds() - cpu0)
 
 
 def check_tables(stack: Stack, expected_rows: dict[Path, int]) -> None:
@@ -277,7 +287,7 @@ def segments_line(jobs: Sequence[Finished]) -> str:
 def report(runs: dict[str, RunFigures], args: argparse.Namespace) -> list[str]:
     lines = ["", "run       jobs  secs   merges/min  wall p50/p95 (s)   engine p50/p95 (s)   CPU s/merge"]
     for run in runs.values():
-        for kind in ("first", "small", "medium", "large"):
+        for kind in ("first", "small", "medium", "medium-dv", "large"):
             jobs = run.of(kind)
             if not jobs:
                 continue
@@ -305,6 +315,10 @@ def report(runs: dict[str, RunFigures], args: argparse.Namespace) -> list[str]:
     if "medium" in runs:
         medium = percentile([j.engine for j in runs["medium"].of("medium")], 50)
         what = f"medium merge engine p50 ({args.medium_rows:,} rows, 1,000 source)"
+        lines.append(target_line(what, medium, 0.5, " s"))
+    if "medium-dv" in runs:
+        medium = percentile([j.engine for j in runs["medium-dv"].of("medium-dv")], 50)
+        what = f"medium merge engine p50, deletion vectors ({args.medium_rows:,} rows, 1,000 source)"
         lines.append(target_line(what, medium, 0.5, " s"))
     which = "one at a time" if alone is not small else f"{args.workers} workers"
     lines.append(target_line(f"1-row merge into a small table, engine p50 ({which})", warm_p50, 0.3, " s"))
@@ -370,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"again: {args.merges} merges in {runs['again'].seconds:.1f} s", flush=True)
             if args.medium:
                 runs["medium"] = medium_run(stack, args.medium_rows, args.medium, args.timeout)
+                runs["medium-dv"] = medium_run(
+                    stack, args.medium_rows, args.medium, args.timeout, deletion_vectors=True
+                )
             if args.large_rows:
                 large = stack.lake / "large"
                 ids = np.arange(0, 2 * args.large_rows, 2, dtype=np.int64)
