@@ -15,7 +15,8 @@ from bench.throughput_bench import main
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TARGETS = (
-    "medium merge engine p50",
+    "medium merge engine p50 (",
+    "medium merge engine p50, deletion vectors",
     "1-row merge into a small table, engine p50 (one at a time)",
     "first merge after ready / warm p50 (one at a time)",
     "CPU per 1-row merge",
@@ -40,6 +41,7 @@ def test_every_run_and_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         "first": 1,
         "small": 6,
         "medium": 1,
+        "medium-dv": 1,  # the same merge into a copy with deletion vectors
         "beside": 7,  # the six small merges and the large one
         "fewer": 6,
         "again": 6,  # after the stopped worker started again
