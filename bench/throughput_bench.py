@@ -17,7 +17,8 @@ Runs, in order:
   again    and once more after they started again: more workers must never merge fewer a minute than fewer
            workers. The server's JIT goes on compiling long after the warm-up, so a later run is faster by
            that alone: ``small`` and ``again`` bracket ``fewer``, and their rate together is compared.
-  medium   ``--medium`` upserts of 1,000 source rows into a table of ``--medium-rows`` rows: engine time p50;
+  medium   ``--medium`` upserts of 1,000 source rows into a table of ``--medium-rows`` rows, after
+           ``--medium-warmup`` untimed ones (their engine times printed): engine time p50;
   medium-dv  the same into a copy with deletion vectors enabled (merge-on-read, Databricks' default for new tables).
   beside   the same small merges with one large merge (an upsert of ``--large-rows``/10 rows into the large table)
            submitted first: the small merges' p95 against the ``small`` run's.
@@ -239,10 +240,14 @@ def small_run(stack: Stack, name: str, merges: int, timeout: float, *, beside: P
     return RunFigures(name, jobs, seconds, sum(split.values()), cpu_split=split)
 
 
-def medium_run(stack: Stack, rows: int, count: int, timeout: float, *, deletion_vectors: bool = False) -> RunFigures:
-    """``count`` upserts of 1,000 rows (half updates, half inserts) into a table of ``rows`` rows, one at a time;
-    ``deletion_vectors``: the table has them enabled (as Databricks creates tables), so the merges are
-    merge-on-read."""
+def medium_run(
+    stack: Stack, rows: int, count: int, timeout: float, *, warmup: int = 0, deletion_vectors: bool = False
+) -> RunFigures:
+    """``count`` upserts of 1,000 rows (half updates, half inserts) into a table of ``rows`` rows, one at a time,
+    after ``warmup`` such upserts not timed: the server has then run this kind of merge (a fresh server takes
+    several to compile their hot paths). ``deletion_vectors``: the table has them enabled (as Databricks creates
+    tables), so the merges are merge-on-read. The table must then hold every key once, each upserted key with the
+    upsert's value."""
     kind = "medium-dv" if deletion_vectors else "medium"
     table = stack.lake / kind
     data = pa.table({"id": pa.array(np.arange(0, 2 * rows, 2), pa.int64()), "v": pa.array(["m"] * rows)})
@@ -255,13 +260,37 @@ def medium_run(stack: Stack, rows: int, count: int, timeout: float, *, deletion_
     else:
         write_deltalake(str(table), data)
     rng = np.random.default_rng(7)
+    upserted: set[int] = set()
+
+    def upsert() -> list[Finished]:
+        keys = [int(k) for k in rng.choice(2 * rows, 1000, replace=False)]
+        upserted.update(keys)
+        job_id = stack.upsert(table, [{"id": k, "v": "u"} for k in keys])
+        return [Finished(kind, doc) for doc in stack.wait([job_id], timeout).values()]
+
+    warm = [j for _ in range(warmup) for j in upsert()]
     cpu0, t0 = stack.cpu_seconds(), time.monotonic()
-    jobs: list[Finished] = []
-    for _ in range(count):
-        keys = rng.choice(2 * rows, 1000, replace=False)
-        job_id = stack.upsert(table, [{"id": int(k), "v": "u"} for k in keys])
-        jobs += [Finished(kind, doc) for doc in stack.wait([job_id], timeout).values()]
-    return RunFigures(kind, jobs, time.monotonic() - t0, stack.cpu_seconds() - cpu0)
+    jobs = [j for _ in range(count) for j in upsert()]
+    figures = RunFigures(kind, jobs, time.monotonic() - t0, stack.cpu_seconds() - cpu0)
+    if warm:
+        figures.notes.append("warm-up engine times (s): " + ", ".join(f"{j.engine:.3f}" for j in warm))
+    new_keys = sum(1 for k in upserted if k % 2)
+    check_contents(table, rows + new_keys, len(upserted))
+    return figures
+
+
+def check_contents(table: Path, rows: int, upserted: int) -> None:
+    """The table holds ``rows`` distinct keys, ``upserted`` of them with the upserts' value (read through
+    delta-rs's query engine, which applies deletion vectors)."""
+    from deltalake import QueryBuilder
+
+    query = "SELECT count(*) AS n, count(DISTINCT id) AS keys, count(*) FILTER (WHERE v = 'u') AS u FROM t"
+    found = pa.table(QueryBuilder().register("t", DeltaTable(str(table))).execute(query).read_all()).to_pylist()[0]
+    if (found["n"], found["keys"], found["u"]) != (rows, rows, upserted):
+        raise RuntimeError(
+            f"{table.name} holds {found['n']} rows, {found['keys']} keys, {found['u']} upserted, where its merges "
+            f"leave {rows} rows and keys, {upserted} upserted"
+        )
 
 
 def check_tables(stack: Stack, expected_rows: dict[Path, int]) -> None:
@@ -304,6 +333,7 @@ def report(runs: dict[str, RunFigures], args: argparse.Namespace) -> list[str]:
             if run.cpu_split and kind == "small":
                 parts = ", ".join(f"{k} {v / len(run.jobs):.3f}" for k, v in run.cpu_split.items())
                 lines.append(f"    CPU s/merge by process: {parts}")
+        lines += [f"    {note}" for note in run.notes]
     small = runs["small"].of("small")
     # A merge's own latency is measured where merges run one at a time (the one-worker run when there is one):
     # with four at once on two cores, each one's engine time also counts the others' turns on the cores.
@@ -352,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--medium", type=int, default=5, help="1,000-row upserts into the medium table (0: none)")
     p.add_argument("--medium-rows", type=int, default=1_000_000)
+    p.add_argument("--medium-warmup", type=int, default=3, help="untimed upserts before the medium runs' own")
     p.add_argument("--large-rows", type=int, default=5_000_000, help="the large table's rows (0: no 'beside' run)")
     p.add_argument(
         "--fewer-workers", type=int, default=1, help="workers of the 'fewer' run (0, or --workers or more: no such run)"
@@ -383,10 +414,15 @@ def main(argv: list[str] | None = None) -> int:
                 runs["again"] = small_run(stack, "again", args.merges, args.timeout)
                 print(f"again: {args.merges} merges in {runs['again'].seconds:.1f} s", flush=True)
             if args.medium:
-                runs["medium"] = medium_run(stack, args.medium_rows, args.medium, args.timeout)
-                runs["medium-dv"] = medium_run(
-                    stack, args.medium_rows, args.medium, args.timeout, deletion_vectors=True
-                )
+                for kind in ("medium", "medium-dv"):
+                    runs[kind] = medium_run(
+                        stack,
+                        args.medium_rows,
+                        args.medium,
+                        args.timeout,
+                        warmup=args.medium_warmup,
+                        deletion_vectors=kind == "medium-dv",
+                    )
             if args.large_rows:
                 large = stack.lake / "large"
                 ids = np.arange(0, 2 * args.large_rows, 2, dtype=np.int64)
