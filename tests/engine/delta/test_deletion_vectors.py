@@ -9,6 +9,7 @@ import uuid
 import zlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -305,6 +306,47 @@ def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
     with_path = scan_files_with_path(spark, snapshot, snapshot.files)
     touched = with_path.where("id % 1000 = 1").select(FILE_PATH_COL).distinct().collect()
     assert {f.path for f in files_at_paths(snapshot, snapshot.files, [r[0] for r in touched])} <= set(files)
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
+def test_one_files_bitmap_meets_its_own_read(
+    spark: SparkSession, lake: Path, partitioned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file with a vector among files without: its bitmap is crossed with its own read (no join by name, no
+    read of the files together), every bit of a word and the last row included; the other files read as stored."""
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0)
+    read_together: list[int] = []
+    in_one_read = scan_deleted_rows._drop_by_bitmaps_in_one_read
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        read_together.append(1)
+        return in_one_read(*args, **kwargs)
+
+    monkeypatch.setattr(scan_deleted_rows, "_drop_by_bitmaps_in_one_read", recorded)
+    path = lake / "one"
+    data = _rows(0, 300)
+    if partitioned:
+        data = data.append_column("part", pa.array(["a b"] * 300))
+    write_deltalake(str(path), data, partition_by=["part"] if partitioned else None)
+    more = _rows(300, 5)
+    if partitioned:
+        more = more.append_column("part", pa.array(["c"] * 5))
+    write_deltalake(str(path), more, mode="append")
+    enable_deletion_vectors(path)
+    files = file_paths(path)
+    delete_rows(path, {files[0]: [0, 1, 63, 64, 127, 128, 200, 299]})
+    snapshot = load_snapshot(path)
+    expected = read_with_deltalake(path).column("id").to_pylist()
+    assert len(expected) == 297
+    named = scan_files(spark, snapshot, snapshot.files).collect()
+    assert sorted(r["id"] for r in named) == sorted(expected)
+    for r in named:
+        assert r[FILE_NAME_COL] in files
+        stored = pq.read_table(path / unquote(r[FILE_NAME_COL]), columns=["id"])
+        assert stored.column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
+    alone = [f for f in snapshot.files if f.path == files[0]]
+    assert scan_files(spark, snapshot, alone, file_columns=False).count() == 292
+    assert read_together == []
 
 
 def test_bitmaps_of_files_at_paths_spark_rewrites_are_applied_file_by_file(
