@@ -32,14 +32,10 @@ from engine.delta import AddCDCFile, AddFile
 from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
 from engine.errors import MultipleMatchError
 from engine.executors import ClassicMergeExecutor, is_only_one_unconditional_delete
-from engine.join_keys import keyed_join, qualified_column
+from engine.join_keys import keyed_join
 from engine.joins import (
-    broadcast_join_target,
     source_fits_broadcast,
-    union_unmatched_source_rows,
-    unmatched_source_rows_by_matched_keys,
 )
-from engine.merge_condition import KeyedOn
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
 from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
@@ -87,20 +83,15 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
     def write_all_changes_with_deletion_vectors(self) -> DeletionVectorChanges:
         """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
         start = time.monotonic()
-        cached: list[DataFrame] = []
         columns = self._target_columns()
         joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
-            self.ctx.touched_files, cached, columns=columns
+            self.ctx.touched_files, columns=columns
         )
+        output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns, target_columns=columns)
         try:
-            output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns, target_columns=columns)
-            try:
-                return self._write_changes(output, dedup_columns, second_scan, start)
-            finally:
-                output.rows.unpersist()
+            return self._write_changes(output, dedup_columns, second_scan, start)
         finally:
-            for frame in cached:
-                frame.unpersist()
+            output.rows.unpersist()
 
     def write_all_changes_in_one_scan(self) -> DeletionVectorChanges | None:
         """writeAllChanges with deletion vectors over the candidate files, findTouchedFiles folded in
@@ -112,22 +103,17 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         if len(ctx.candidate_files) >= OBSERVED_FILES_MAX or estimate is None or estimate > OBSERVED_SOURCE_ROWS_MAX:
             return self.write_all_changes_in_one_scan_after_aggregation()
         start = time.monotonic()
-        cached: list[DataFrame] = []
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._one_scan_join(cached, columns)
-        try:
-            written = write_changes_observing_target_rows(
-                ctx,
-                joined,
-                dedup_columns,
-                ctx.candidate_files,
-                # Each source row yields at most one written row, and with Change Data Feed two change rows.
-                expected_rows=estimate * (3 if ctx.cdc_enabled else 1),
-                target_columns=columns,
-            )
-        finally:
-            for frame in cached:
-                frame.unpersist()
+        joined, dedup_columns, second_scan = self._one_scan_join(columns)
+        written = write_changes_observing_target_rows(
+            ctx,
+            joined,
+            dedup_columns,
+            ctx.candidate_files,
+            # Each source row yields at most one written row, and with Change Data Feed two change rows.
+            expected_rows=estimate * (3 if ctx.cdc_enabled else 1),
+            target_columns=columns,
+        )
         if written is None:
             # Spark did not report what the write saw (or it saw too many target rows): what it wrote goes, and an
             # aggregation answers first.
@@ -153,33 +139,24 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         over the cached output rows before the write."""
         ctx = self.ctx
         start = time.monotonic()
-        cached: list[DataFrame] = []
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._one_scan_join(cached, columns)
-        try:
-            output = project_changes_with_deletion_vectors(
-                ctx, joined, dedup_columns, count_repeated_matches=True, target_columns=columns
-            )
-            try:
-                self._count_source_rows(second_scan)
-                self._refuse_several_matches(output.repeated_matches)
-                ctx.touched_files = [f for f in ctx.candidate_files if f.path in output.target_files]
-                ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
-                if not ctx.touched_files:
-                    return None
-                return self._write_changes(output, dedup_columns, second_scan, time.monotonic())
-            finally:
-                output.rows.unpersist()
-        finally:
-            for frame in cached:
-                frame.unpersist()
-
-    def _one_scan_join(
-        self, cached: list[DataFrame], columns: frozenset[str] | None
-    ) -> tuple[DataFrame, list[str], Observation]:
-        return self._join_for_write_with_deletion_vectors(
-            self.ctx.candidate_files, cached, matched_keys=True, columns=columns
+        joined, dedup_columns, second_scan = self._one_scan_join(columns)
+        output = project_changes_with_deletion_vectors(
+            ctx, joined, dedup_columns, count_repeated_matches=True, target_columns=columns
         )
+        try:
+            self._count_source_rows(second_scan)
+            self._refuse_several_matches(output.repeated_matches)
+            ctx.touched_files = [f for f in ctx.candidate_files if f.path in output.target_files]
+            ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
+            if not ctx.touched_files:
+                return None
+            return self._write_changes(output, dedup_columns, second_scan, time.monotonic())
+        finally:
+            output.rows.unpersist()
+
+    def _one_scan_join(self, columns: frozenset[str] | None) -> tuple[DataFrame, list[str], Observation]:
+        return self._join_for_write_with_deletion_vectors(self.ctx.candidate_files, one_scan=True, columns=columns)
 
     def _count_source_rows(self, second_scan: Observation) -> None:
         observed = second_scan.get
@@ -199,16 +176,14 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
     def _join_for_write_with_deletion_vectors(
         self,
         files: Sequence[AddFile],
-        cache: list[DataFrame],
         *,
-        matched_keys: bool = False,
+        one_scan: bool = False,
         columns: frozenset[str] | None = None,
     ) -> tuple[DataFrame, list[str], Observation]:
         """``files`` joined with the source as in the copy-on-write path, less the target rows no clause may act
-        on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count. What the
-        join caches is added to ``cache``. ``matched_keys``: the broadcast plan finds the unmatched source rows
-        by the keys its cached inner join met (the one scan, which holds no target row unmatched). ``columns``:
-        the only table columns read."""
+        on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count. ``one_scan``:
+        the join holds no unmatched target row, so the source's keys may filter the scan (source_key_filter).
+        ``columns``: the only table columns read."""
         ctx = self.ctx
         spec = ctx.spec
         source_rows = ctx.source_rows
@@ -220,21 +195,18 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
         # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
         keeps_target = bool(spec.not_matched_by_source)
-        keys = source_key_filter(ctx) if matched_keys else None
+        keys = source_key_filter(ctx) if one_scan else None
         if keys is not None:
             # The one scan holds no unmatched target row: the target rows the source's keys cannot match go in the
             # scan, and both small sides are joined whole.
             how = "left_outer" if spec.not_matched else "inner"
             joined = counted.alias(s).join(keep_rows_of_source_keys(ctx, target, keys).alias(t), on, how)
         elif spec.not_matched and source_fits_broadcast(ctx, source_rows, files):
-            # The target rows stream past the broadcast source instead of being shuffled to meet it.
-            keyed = keyed_join(ctx) if matched_keys else None
-            if keyed is not None:
-                joined = self._broadcast_join_with_matched_keys(source, counted, target, keyed, cache)
-            else:
-                joined = self._broadcast_join_for_write(
-                    source, counted, target, keep_unmatched_target=keeps_target, files=files
-                )
+            # The target rows stream past the broadcast source instead of being shuffled to meet it. (With ON's key
+            # equalities the one scan sends only the source's keys instead: source_key_filter.)
+            joined = self._broadcast_join_for_write(
+                source, counted, target, keep_unmatched_target=keeps_target, files=files
+            )
         else:
             how = {
                 (False, False): "inner",
@@ -244,29 +216,6 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
             }[(keeps_target, bool(spec.not_matched))]
             joined = counted.alias(s).join(target.alias(t), on, how)
         return joined, dedup_columns, second_scan
-
-    def _broadcast_join_with_matched_keys(
-        self,
-        source: DataFrame,
-        counted: DataFrame,
-        target: DataFrame,
-        keyed: KeyedOn,
-        cache: list[DataFrame],
-    ) -> DataFrame:
-        """The one scan's broadcast plan: the target's inner join with the broadcast source is cached, and the
-        unmatched source rows are those whose keys it did not meet (as findTouchedFiles' matched keys give them
-        to the two passes), so the target is not read again to find them. No key bitmap: the broadcast join alone
-        is quicker here (500,000 upserts into 5,000,000 rows: 3.09 s without one, 3.40 s with one built)."""
-        ctx = self.ctx
-        s = ctx.spec.source_alias
-        with_source, target_fields = broadcast_join_target(ctx, source, target, None, keep_unmatched_target=False)
-        with_source = with_source.persist()
-        cache.append(with_source)
-        keys = with_source.select(
-            *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)]
-        )
-        unmatched = unmatched_source_rows_by_matched_keys(counted, keys, keyed, s)
-        return union_unmatched_source_rows(with_source, target_fields, source, unmatched, s)
 
     def _write_changes(
         self, output: DeletionVectorOutput, dedup_columns: list[str], second_scan: Observation, start: float

@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from engine import merge_on_read, run_merge, source_key_filter
+from engine import joins, merge_on_read, run_merge, source_key_filter
 from engine.context import MergeContext
 from engine.merge_condition import KeyedOn
 from engine.result import MergeResult
@@ -55,7 +55,7 @@ def _merge(
     with monkeypatch.context() as patched:
         patched.setattr(merge_on_read, "keep_rows_of_source_keys", recorded)
         if not filtered:
-            patched.setattr(source_key_filter, "SOURCE_KEY_FILTER_MAX_ROWS", -1)
+            patched.setattr(merge_on_read, "source_key_filter", lambda ctx: None)
         with counting_round_trips(spark, patched) as trips:
             result = run_merge(spark, spec)
     return result, given, trips["execute"]
@@ -131,12 +131,19 @@ def test_two_keys_one_of_them_a_string(spark: SparkSession, monkeypatch: pytest.
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
 
 
-def test_a_larger_source_keeps_the_join(spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Past SOURCE_KEY_FILTER_MAX_ROWS source rows (known before any job) the target's rows meet the source whole."""
+def test_a_larger_source_is_filtered_where_it_would_be_broadcast(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past SOURCE_KEY_FILTER_MAX_ROWS source rows (known before any job) the source's keys keep the target's rows
+    only where the whole source would be broadcast (much smaller than the target rows it meets); else the target's
+    rows meet the source whole."""
     monkeypatch.setattr(source_key_filter, "SOURCE_KEY_FILTER_MAX_ROWS", 2)
+    source = _rows((2, "s2"), (4, "s4"), (5, "s5"))
+    result, given, _ = _both(spark, monkeypatch, tmp_path, source, "t.id = s.id")  # 3 rows against 201
+    assert len(given) == 1
+    assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
+    monkeypatch.setattr(joins, "BROADCAST_SIZE_RATIO", 1_000)
     target = _target(tmp_path / "target")
-    result, given, _ = _merge(
-        spark, monkeypatch, target, _rows((2, "s2"), (4, "s4"), (5, "s5")), "t.id = s.id", filtered=True
-    )
+    result, given, _ = _merge(spark, monkeypatch, target, source, "t.id = s.id", filtered=True)
     assert given == []
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
