@@ -15,6 +15,9 @@ Kind = Literal["upsert", "insert", "delete"]
 
 SCALE_KEY = "6"
 """The scale workload: 1,000 scattered upserts, at every size of ``--scale-rows``."""
+SCALE_TARGET_ROWS = 20_000_000
+"""The scale workload's target (at least 3x as fast as delta-rs) is set at this size and above; smaller sizes show
+how each peer's time grows."""
 
 
 @dataclass(frozen=True)
