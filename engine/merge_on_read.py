@@ -33,9 +33,7 @@ from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
 from engine.errors import MultipleMatchError
 from engine.executors import ClassicMergeExecutor, is_only_one_unconditional_delete
 from engine.join_keys import keyed_join
-from engine.joins import (
-    source_fits_broadcast,
-)
+from engine.joins import source_fits_broadcast
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
 from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
