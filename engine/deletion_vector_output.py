@@ -162,6 +162,7 @@ def write_changes_observing_target_rows(
     *,
     expected_rows: int | None,
     target_columns: frozenset[str] | None = None,
+    written_where_joined: bool = False,
 ) -> ObservedWrite | None:
     """Merge-on-read's writeAllChanges in one Spark job: the updated and inserted rows are written while an
     observation gathers every target row among the output rows (its file and row index), so the touched files,
@@ -169,7 +170,9 @@ def write_changes_observing_target_rows(
     cached output rows before it. The caller judges them before committing; a merge that then fails leaves only
     uncommitted files, removed as a failed write's are. ``expected_rows``: at most this many rows are written
     (then, if few, as one file). None: Spark did not report the observation (an adaptive plan may drop an empty
-    stage), or too many target rows to bring back: what was written must be discarded."""
+    stage), or too many target rows to bring back: what was written must be discarded. ``written_where_joined``:
+    the target's rows reach the join from another stage (shuffled or broadcast), so the join's own task writes the
+    few rows instead of shuffling them to one task."""
     assert target_columns is None or not ctx.cdc_enabled, "change rows carry the whole target row"
     paths = list(dict.fromkeys(f.path for f in files))
     assert len(paths) < OBSERVED_FILES_MAX, "the aggregation gathers so many files"
@@ -198,8 +201,9 @@ def write_changes_observing_target_rows(
         ),
     )
     if expected_rows is not None and expected_rows <= ONE_FILE_ROWS:
-        # One task writes the few rows; the join above it keeps its parallelism.
-        observed = observed.repartition(1)
+        # One task writes the few rows; the join above it keeps its parallelism (the scan's, where the target
+        # streams through it).
+        observed = observed.coalesce(1) if written_where_joined else observed.repartition(1)
     added, cdc_files = write_output(
         ctx, observed.drop(_FILE_NUMBER_COL), preimages, dedup_columns, write_id=ctx.write_id, copies=False
     )

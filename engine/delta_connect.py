@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark.errors import PySparkException
@@ -40,6 +39,7 @@ from engine.errors import (
 )
 from engine.result import AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
+from engine.spark import session_conf
 from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, InsertAction, MergeClause, MergeSpec, UpdateAction
 from engine.validation import column_path, validate_spec
@@ -185,23 +185,6 @@ def _statement_conf(spec: MergeSpec, txn: AppTransaction | None) -> dict[str, st
         conf[TXN_APP_ID_CONF] = txn.app_id
         conf[TXN_VERSION_CONF] = str(txn.version)
     return conf
-
-
-@contextmanager
-def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
-    """``conf`` set on the session for the block, the earlier values put back after (unset ones unset)."""
-    earlier: dict[str, str | None] = {key: spark.conf.get(key, None) for key in conf}
-    for key, value in conf.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in earlier.items():
-            with contextlib.suppress(PySparkException):
-                if old is None:
-                    spark.conf.unset(key)
-                else:
-                    spark.conf.set(key, old)
 
 
 def _run_statement(

@@ -10,6 +10,7 @@ job.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from engine.context import observe, observed_source_rows, source_with_count
 from engine.deletion_vector_output import (
     OBSERVED_FILES_MAX,
     OBSERVED_SOURCE_ROWS_MAX,
+    ONE_FILE_ROWS,
     DeletionVectorOutput,
     project_changes_with_deletion_vectors,
     write_changes_observing_target_rows,
@@ -36,8 +38,8 @@ from engine.join_keys import keyed_join
 from engine.joins import source_fits_broadcast
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
-from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
-from engine.spark import Observation
+from engine.source_key_filter import SMALL_JOIN_CONF, keep_rows_of_source_keys, source_key_filter
+from engine.spark import Observation, session_conf
 from engine.write_files import record_write_metrics
 
 _DELETED_ROWS = "_deleted_row_indexes_"
@@ -55,6 +57,22 @@ class DeletionVectorChanges:
     """Touched files every row of which is now deleted: removed outright."""
     updated: list[tuple[AddFile, AddFile]]
     """Touched files given a new deletion vector: (the file as it was, the same path with the new vector)."""
+
+
+@dataclass(frozen=True)
+class WriteJoin:
+    """The source joined with the target rows a merge-on-read write reads."""
+
+    joined: DataFrame
+    dedup_columns: list[str]
+    second_scan: Observation
+    """The second scan's count of source rows."""
+    source_keys_filtered: bool
+    """The source's keys filtered the target's scan (``source_key_filter``), so both sides of the join are
+    small where the source is."""
+    source_preserved: bool
+    """The join keeps every source row (NOT MATCHED clauses): the target side is never streamed through the
+    join's own stage, since Spark broadcasts or shuffles the side a left outer join does not keep."""
 
 
 class MergeOnReadExecutor(ClassicMergeExecutor):
@@ -82,12 +100,12 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         """writeAllChanges with deletion vectors over the touched files (findTouchedFiles has run)."""
         start = time.monotonic()
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._join_for_write_with_deletion_vectors(
-            self.ctx.touched_files, columns=columns
+        join = self._join_for_write_with_deletion_vectors(self.ctx.touched_files, columns=columns)
+        output = project_changes_with_deletion_vectors(
+            self.ctx, join.joined, join.dedup_columns, target_columns=columns
         )
-        output = project_changes_with_deletion_vectors(self.ctx, joined, dedup_columns, target_columns=columns)
         try:
-            return self._write_changes(output, dedup_columns, second_scan, start)
+            return self._write_changes(output, join.dedup_columns, join.second_scan, start)
         finally:
             output.rows.unpersist()
 
@@ -102,22 +120,26 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
             return self.write_all_changes_in_one_scan_after_aggregation()
         start = time.monotonic()
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._one_scan_join(columns)
-        written = write_changes_observing_target_rows(
-            ctx,
-            joined,
-            dedup_columns,
-            ctx.candidate_files,
-            # Each source row yields at most one written row, and with Change Data Feed two change rows.
-            expected_rows=estimate * (3 if ctx.cdc_enabled else 1),
-            target_columns=columns,
-        )
+        join = self._one_scan_join(columns)
+        # Each source row yields at most one written row, and with Change Data Feed two change rows.
+        expected_rows = estimate * (3 if ctx.cdc_enabled else 1)
+        small = join.source_keys_filtered and expected_rows <= ONE_FILE_ROWS
+        with session_conf(ctx.spark, SMALL_JOIN_CONF) if small else contextlib.nullcontext():
+            written = write_changes_observing_target_rows(
+                ctx,
+                join.joined,
+                join.dedup_columns,
+                ctx.candidate_files,
+                expected_rows=expected_rows,
+                target_columns=columns,
+                written_where_joined=join.source_keys_filtered and join.source_preserved,
+            )
         if written is None:
             # Spark did not report what the write saw (or it saw too many target rows): what it wrote goes, and an
             # aggregation answers first.
             delta.discard_write(ctx.snapshot, ctx.write_id)
             return self.write_all_changes_in_one_scan_after_aggregation()
-        self._count_source_rows(second_scan)
+        self._count_source_rows(join.second_scan)
         ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
         if not written.target_files:
             # No file touched: what was written goes, and the source's rows are written as inserts alone.
@@ -126,7 +148,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         self._refuse_several_matches(written.repeated_matches)
         ctx.touched_files = [f for f in ctx.candidate_files if f.path in written.target_files]
         removed, updated = mark_rows_deleted(ctx.snapshot, ctx.touched_files, written.deleted, prefix=ctx.write_id)
-        record_write_metrics(ctx, written.counts, written.cdc_files, _observed_rows(second_scan))
+        record_write_metrics(ctx, written.counts, written.cdc_files, _observed_rows(join.second_scan))
         _record_deletion_vector_metrics(ctx.metrics, removed, updated)
         # One Spark job both found the touched files and wrote their changes: each time counts it.
         ctx.metrics["rewriteTimeMs"] = int((time.monotonic() - start) * 1000)
@@ -138,22 +160,22 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         ctx = self.ctx
         start = time.monotonic()
         columns = self._target_columns()
-        joined, dedup_columns, second_scan = self._one_scan_join(columns)
+        join = self._one_scan_join(columns)
         output = project_changes_with_deletion_vectors(
-            ctx, joined, dedup_columns, count_repeated_matches=True, target_columns=columns
+            ctx, join.joined, join.dedup_columns, count_repeated_matches=True, target_columns=columns
         )
         try:
-            self._count_source_rows(second_scan)
+            self._count_source_rows(join.second_scan)
             self._refuse_several_matches(output.repeated_matches)
             ctx.touched_files = [f for f in ctx.candidate_files if f.path in output.target_files]
             ctx.metrics["scanTimeMs"] = int((time.monotonic() - start) * 1000)
             if not ctx.touched_files:
                 return None
-            return self._write_changes(output, dedup_columns, second_scan, time.monotonic())
+            return self._write_changes(output, join.dedup_columns, join.second_scan, time.monotonic())
         finally:
             output.rows.unpersist()
 
-    def _one_scan_join(self, columns: frozenset[str] | None) -> tuple[DataFrame, list[str], Observation]:
+    def _one_scan_join(self, columns: frozenset[str] | None) -> WriteJoin:
         return self._join_for_write_with_deletion_vectors(self.ctx.candidate_files, one_scan=True, columns=columns)
 
     def _count_source_rows(self, second_scan: Observation) -> None:
@@ -177,7 +199,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         *,
         one_scan: bool = False,
         columns: frozenset[str] | None = None,
-    ) -> tuple[DataFrame, list[str], Observation]:
+    ) -> WriteJoin:
         """``files`` joined with the source as in the copy-on-write path, less the target rows no clause may act
         on; with the row indexes CDF deletes are deduplicated by, and the second scan's source count. ``one_scan``:
         the join holds no unmatched target row, so the source's keys may filter the scan (source_key_filter).
@@ -213,7 +235,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
                 (True, True): "full_outer",
             }[(keeps_target, bool(spec.not_matched))]
             joined = counted.alias(s).join(target.alias(t), on, how)
-        return joined, dedup_columns, second_scan
+        return WriteJoin(joined, dedup_columns, second_scan, keys is not None, bool(spec.not_matched))
 
     def _write_changes(
         self, output: DeletionVectorOutput, dedup_columns: list[str], second_scan: Observation, start: float

@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.connect import plan as connect_plan
+from pyspark.sql.connect import proto
 from pyspark.sql.connect.client.retries import DefaultPolicy
 from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 from pyspark.sql.connect.observation import Observation as ConnectObservation
@@ -176,6 +180,33 @@ def configure_session(spark: SparkSession, *, pool: str | None = None) -> None:
         spark.conf.set(key, value)
     if pool is not None:
         spark.conf.set("spark.scheduler.pool", pool)
+
+
+@contextmanager
+def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """``conf`` set on the session for the block, the earlier values put back after (unset ones unset): one round
+    trip reads the earlier values, one sets them all, one or two put them back (``spark.conf`` takes one key a
+    round trip)."""
+    client = spark.client  # type: ignore[attr-defined]  # a Connect session's
+    keys = list(conf)
+    read = client.config(proto.ConfigRequest.Operation(get_option=proto.ConfigRequest.GetOption(keys=keys)))
+    earlier: dict[str, str | None] = dict(zip(keys, (value for _, value in read.pairs), strict=True))
+    client.config(_set_operation(conf))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(PySparkException):
+            kept = {key: value for key, value in earlier.items() if value is not None}
+            if kept:
+                client.config(_set_operation(kept))
+            unset = [key for key, value in earlier.items() if value is None]
+            if unset:
+                client.config(proto.ConfigRequest.Operation(unset=proto.ConfigRequest.Unset(keys=unset)))
+
+
+def _set_operation(conf: Mapping[str, str]) -> proto.ConfigRequest.Operation:
+    pairs = [proto.KeyValue(key=key, value=value) for key, value in conf.items()]
+    return proto.ConfigRequest.Operation(set=proto.ConfigRequest.Set(pairs=pairs))
 
 
 class Observation(ConnectObservation):

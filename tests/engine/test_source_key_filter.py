@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 
-from engine import joins, merge_on_read, run_merge, source_key_filter
+from engine import deletion_vector_output, joins, merge_on_read, run_merge, source_key_filter
 from engine.context import MergeContext
 from engine.merge_condition import KeyedOn
 from engine.result import MergeResult
@@ -147,3 +147,29 @@ def test_a_larger_source_is_filtered_where_it_would_be_broadcast(
     result, given, _ = _merge(spark, monkeypatch, target, source, "t.id = s.id", filtered=True)
     assert given == []
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
+
+
+STATIC_PLAN_KEYS = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions")
+
+
+@pytest.mark.parametrize("filtered", [True, False], ids=["filtered", "joined-whole"])
+def test_a_small_filtered_write_is_planned_at_once(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, filtered: bool
+) -> None:
+    """The write of a merge whose source's keys filtered the scan runs under a static plan (SMALL_JOIN_CONF): the
+    session's settings are those while it writes, and the earlier ones after, whatever the merge did."""
+    before = {key: spark.conf.get(key) for key in STATIC_PLAN_KEYS}
+    seen: list[dict[str, str | None]] = []
+    real = deletion_vector_output.write_output
+
+    def recorded(ctx: MergeContext, *args: Any, **kwargs: Any) -> Any:
+        seen.append({key: spark.conf.get(key) for key in STATIC_PLAN_KEYS})
+        return real(ctx, *args, **kwargs)
+
+    monkeypatch.setattr(deletion_vector_output, "write_output", recorded)
+    source = _rows((4, "s4"), (250, "s250"), (7, "s7"))
+    result, given, _ = _merge(spark, monkeypatch, _target(tmp_path / "t"), source, "t.id = s.id", filtered=filtered)
+    assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
+    assert len(given) == (1 if filtered else 0)
+    assert seen == [source_key_filter.SMALL_JOIN_CONF if filtered else before]
+    assert {key: spark.conf.get(key) for key in STATIC_PLAN_KEYS} == before

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 from engine import parse_merge_sql, run_merge
-from engine.spark import configure_session, local_checkpoint
+from engine.spark import configure_session, local_checkpoint, session_conf
 from tests.engine.harness import rows, write_table
 from tests.engine.test_merge import SOURCE, TARGET
 
@@ -72,3 +72,22 @@ def test_a_query_source_merges_in_a_session_that_is_not_the_active_one(
         result = run_merge(second, spec)
     assert result.result["num_updated_rows"] == 1 and result.result["num_inserted_rows"] == 1
     assert rows(target, ["id", "v"]) == [(1, "a"), (2, "b"), (3, "C"), (4, "d"), (5, "E")]
+
+
+def test_session_conf_puts_back_what_was_there(spark: SparkSession) -> None:
+    """Set keys get their earlier values back, unset ones are unset again, also when the block fails."""
+    earlier = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "7")
+    spark.conf.unset("spark.merge_service.test.unset")
+    try:
+        with (
+            pytest.raises(RuntimeError, match="inside"),
+            session_conf(spark, {"spark.sql.shuffle.partitions": "1", "spark.merge_service.test.unset": "x"}),
+        ):
+            assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+            assert spark.conf.get("spark.merge_service.test.unset") == "x"
+            raise RuntimeError("inside")
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
+        assert spark.conf.get("spark.merge_service.test.unset", None) is None
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", earlier)
