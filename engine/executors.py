@@ -45,7 +45,7 @@ from engine.output import (
 )
 from engine.result import Phase
 from engine.single_pass import touches_every_match
-from engine.spark import Observation
+from engine.spark import Observation, static_plan
 from engine.spec import DeleteAction, MergeSpec
 from engine.write_files import (
     WrittenFiles,
@@ -102,7 +102,8 @@ class ClassicMergeExecutor:
             return []
         obs = Observation("numSourceRows")
         source = source_with_count(ctx, obs)
-        found = _observe_touched(*self._matches_per_target_row(source))
+        with static_plan(ctx.spark, when=self._matches_in_one_job()):
+            found = _observe_touched(*self._matches_per_target_row(source))
         ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
         self._check_multiple_matches(
             int(found.get("multiple_match_rows") or 0), int(found.get("multiple_match_sum") or 0)
@@ -133,6 +134,20 @@ class ClassicMergeExecutor:
         if keyed is None:
             return self._per_target_row(source)
         return self._per_source_key(source, keyed, row_indexes=row_indexes)
+
+    def _matches_in_one_job(self) -> bool:
+        """Whether the query over ``_matches_per_target_row`` shuffles nothing but its answers per file: the
+        source grouped by key in one task and broadcast, the target's rows streamed past it. It is then planned
+        statically, one Spark job. 1% of 5,000,000 rows in 20 files deleted by key, deletion vectors, warm server,
+        alternate merges: median 0.66 s against 0.73 s adaptive."""
+        ctx = self.ctx
+        estimate = ctx.source_rows_estimate
+        return (
+            estimate is not None
+            and estimate <= ONE_TASK_GROUPING_ROWS
+            and touches_every_match(ctx.spec)
+            and keyed_join(ctx) is not None
+        )
 
     def _per_target_row(self, source: DataFrame) -> tuple[DataFrame, Column, Column]:
         """Delta's findTouchedFiles: the matches counted per target row (file, row index)."""

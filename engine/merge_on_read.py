@@ -10,7 +10,6 @@ job.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,8 +37,8 @@ from engine.join_keys import keyed_join
 from engine.joins import source_fits_broadcast
 from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
-from engine.source_key_filter import SMALL_JOIN_CONF, keep_rows_of_source_keys, source_key_filter
-from engine.spark import Observation, session_conf
+from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
+from engine.spark import Observation, static_plan
 from engine.write_files import record_write_metrics
 
 _DELETED_ROWS = "_deleted_row_indexes_"
@@ -123,8 +122,10 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         join = self._one_scan_join(columns)
         # Each source row yields at most one written row, and with Change Data Feed two change rows.
         expected_rows = estimate * (3 if ctx.cdc_enabled else 1)
-        small = join.source_keys_filtered and expected_rows <= ONE_FILE_ROWS
-        with session_conf(ctx.spark, SMALL_JOIN_CONF) if small else contextlib.nullcontext():
+        # The source's keys filtered the scan and few rows are written: the join meets few rows on both sides, and
+        # its stages run as one job. 1,000 upserts into 1,000,000 rows in one file, deletion vectors, warm server,
+        # alternate merges of one sequence: median 0.71 s against 0.86 s adaptive.
+        with static_plan(ctx.spark, when=join.source_keys_filtered and expected_rows <= ONE_FILE_ROWS):
             written = write_changes_observing_target_rows(
                 ctx,
                 join.joined,
@@ -260,16 +261,17 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         obs = Observation("numSourceRows")
         source = source_with_count(ctx, obs)
         rows, touched, matches = self._matches_per_target_row(source, row_indexes=True)
-        per_file = (
-            rows.groupBy(delta.FILE_NAME_COL)
-            .agg(
-                F.collect_list(F.when(touched, F.col(delta.ROW_INDEX_COL))).alias(_DELETED_ROWS),
-                F.sum(F.when(touched, matches).otherwise(0)).alias(_DELETED_PAIRS),
-                F.count_if(matches > 1).alias("multiple_match_rows"),
-                F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
+        with static_plan(ctx.spark, when=self._matches_in_one_job()):
+            per_file = (
+                rows.groupBy(delta.FILE_NAME_COL)
+                .agg(
+                    F.collect_list(F.when(touched, F.col(delta.ROW_INDEX_COL))).alias(_DELETED_ROWS),
+                    F.sum(F.when(touched, matches).otherwise(0)).alias(_DELETED_PAIRS),
+                    F.count_if(matches > 1).alias("multiple_match_rows"),
+                    F.sum(F.when(matches > 1, matches).otherwise(0)).alias("multiple_match_sum"),
+                )
+                .collect()
             )
-            .collect()
-        )
         ctx.metrics["numSourceRows"] = observed_source_rows(ctx, obs)
         self._check_multiple_matches(
             sum(int(r["multiple_match_rows"] or 0) for r in per_file),

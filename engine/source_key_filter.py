@@ -25,13 +25,6 @@ the target rows they keep are shuffled to the join. A larger source takes the fi
 (``source_fits_broadcast``): 500,000 upserts into 5,000,000 rows in 20 files, merge-on-read, warm server, the last
 runs of seven, 3.1-3.5 s against 3.9-4.1 s with the whole source broadcast."""
 
-SMALL_JOIN_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.shuffle.partitions": "1"}
-"""How the write of a merge whose source's keys filtered the scan, and that writes few rows, is planned: all at
-once, since its join meets few rows on both sides. An adaptive plan runs each stage as a Spark job of its own and
-plans the rest again after each (some 50 ms a stage on a warm server, four stages); a static plan runs them as one
-job. 1,000 upserts into 1,000,000 rows in one file with deletion vectors, warm server, alternate merges of one
-sequence: median 0.71 s against 0.86 s."""
-
 _TARGET, _KEYS = "_target_", "_source_keys_"
 
 

@@ -16,6 +16,7 @@ from engine import deletion_vector_output, joins, merge_on_read, run_merge, sour
 from engine.context import MergeContext
 from engine.merge_condition import KeyedOn
 from engine.result import MergeResult
+from engine.spark import STATIC_PLAN_CONF
 from engine.spec import MergeSpec, RowsSource, Source, TableSource
 from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, stray_files
@@ -156,7 +157,7 @@ STATIC_PLAN_KEYS = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions"
 def test_a_small_filtered_write_is_planned_at_once(
     spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, filtered: bool
 ) -> None:
-    """The write of a merge whose source's keys filtered the scan runs under a static plan (SMALL_JOIN_CONF): the
+    """The write of a merge whose source's keys filtered the scan runs under a static plan (STATIC_PLAN_CONF): the
     session's settings are those while it writes, and the earlier ones after, whatever the merge did."""
     before = {key: spark.conf.get(key) for key in STATIC_PLAN_KEYS}
     seen: list[dict[str, str | None]] = []
@@ -171,5 +172,5 @@ def test_a_small_filtered_write_is_planned_at_once(
     result, given, _ = _merge(spark, monkeypatch, _target(tmp_path / "t"), source, "t.id = s.id", filtered=filtered)
     assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
     assert len(given) == (1 if filtered else 0)
-    assert seen == [source_key_filter.SMALL_JOIN_CONF if filtered else before]
+    assert seen == [STATIC_PLAN_CONF if filtered else before]
     assert {key: spark.conf.get(key) for key in STATIC_PLAN_KEYS} == before
