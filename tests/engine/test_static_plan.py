@@ -80,22 +80,16 @@ def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: (row["id"], row["v"]))
 
 
-def test_find_touched_files_by_key_is_one_static_job(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(("on", "static"), [("t.id = s.id", True), ("t.id - s.id = 0", False)], ids=["keys", "no-keys"])
+def test_find_touched_files_is_one_static_job_by_key(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on: str, static: bool
 ) -> None:
-    with find_plan("source_keys"):
-        seen = _merge(spark, monkeypatch, executors, tmp_path, "t.id = s.id", UPSERT)
-    assert seen == [STATIC_PLAN_CONF]
-
-
-def test_find_touched_files_without_keys_stays_adaptive(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """ON without key equalities: the matches are counted per target row after a shuffle of every match."""
+    """Without key equalities in ON the matches are counted per target row after a shuffle of every match: the
+    query stays adaptive."""
     before = _settings(spark)
     with find_plan("source_keys"):
-        seen = _merge(spark, monkeypatch, executors, tmp_path, "t.id - s.id = 0", UPSERT)
-    assert seen == [before]
+        seen = _merge(spark, monkeypatch, executors, tmp_path, on, UPSERT)
+    assert seen == [STATIC_PLAN_CONF if static else before]
 
 
 def test_a_delete_with_deletion_vectors_is_one_static_job(
