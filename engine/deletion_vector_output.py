@@ -145,6 +145,27 @@ observation is not brought back: the write is discarded and the aggregation gath
 _TARGET_ROW_COUNT = "_target_row_count_"
 
 
+FILE_NUMBERS_INLINE_MAX = 100
+"""Up to this many candidate files are numbered by a map literal in the plan; more by a broadcast join with a
+table of their numbers (a Spark job of its own)."""
+
+
+def _with_file_numbers(ctx: MergeContext, rows: DataFrame, paths: Sequence[str]) -> DataFrame:
+    """``rows`` with the number of their file among ``paths`` (NULL for a row of no target file)."""
+    if len(paths) <= FILE_NUMBERS_INLINE_MAX:
+        numbers = F.create_map(*[F.lit(x) for i, path in enumerate(paths) for x in (path, i)])
+        return rows.withColumn(_FILE_NUMBER_COL, F.try_element_at(numbers, F.col(delta.FILE_NAME_COL)).cast("long"))
+    file_numbers = ctx.spark.createDataFrame(
+        pa.table(
+            {
+                delta.FILE_NAME_COL: pa.array(paths, pa.string()),
+                _FILE_NUMBER_COL: pa.array(np.arange(len(paths), dtype=np.int64), pa.int64()),
+            }
+        )
+    )
+    return rows.join(F.broadcast(file_numbers), on=delta.FILE_NAME_COL, how="left")
+
+
 @dataclass(frozen=True)
 class ObservedWrite(RowsPerFile):
     """A merge-on-read write whose output rows were observed as they were written: the files it added, and what
@@ -179,15 +200,7 @@ def write_changes_observing_target_rows(
     projected, preimages, codes = project_output(
         ctx, joined, dedup_columns, [F.col(delta.FILE_NAME_COL), F.col(delta.ROW_INDEX_COL)], target_columns
     )
-    file_numbers = ctx.spark.createDataFrame(
-        pa.table(
-            {
-                delta.FILE_NAME_COL: pa.array(paths, pa.string()),
-                _FILE_NUMBER_COL: pa.array(np.arange(len(paths), dtype=np.int64), pa.int64()),
-            }
-        )
-    )
-    numbered = projected.join(F.broadcast(file_numbers), on=delta.FILE_NAME_COL, how="left")
+    numbered = _with_file_numbers(ctx, projected, paths)
     row = F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(delta.ROW_INDEX_COL)
     modifying = F.col(ACTION_COL).isin([action(c) for c in MODIFYING_ACTIONS])
     obs = Observation("writeAllChangesWithDeletionVectors")

@@ -174,3 +174,16 @@ def test_a_small_filtered_write_is_planned_at_once(
     assert len(given) == (1 if filtered else 0)
     assert seen == [STATIC_PLAN_CONF if filtered else before]
     assert {key: spark.conf.get(key) for key in STATIC_PLAN_KEYS} == before
+
+
+def test_files_past_the_inline_limit_are_numbered_by_a_join(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The observed write numbers the candidate files by a map literal up to FILE_NUMBERS_INLINE_MAX files, by a
+    broadcast join past it: the two files here take the join, with the same result as the literal."""
+    monkeypatch.setattr(deletion_vector_output, "FILE_NUMBERS_INLINE_MAX", 1)
+    source = _rows((4, "s4"), (250, "s250"), (7, "s7"))
+    result, given, _ = _both(spark, monkeypatch, tmp_path, source, "t.id = s.id")
+    assert len(given) == 1
+    assert result.result["num_updated_rows"] == 2 and result.result["num_inserted_rows"] == 1
+    assert result.metrics["numTargetDeletionVectorsAdded"] == 2
