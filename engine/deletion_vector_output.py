@@ -135,13 +135,13 @@ _ROW_BITS = 40
 rows fit), negated (less one) when the row leaves its file."""
 OBSERVED_FILES_MAX = 1 << 22
 """Files beyond this many do not fit the observed long beside a row index: the aggregation gathers them instead."""
-OBSERVED_SOURCE_ROWS_MAX = ONE_FILE_ROWS
-"""The write observes the target rows it replaces for sources up to this many rows. An observed list costs some
-2 microseconds a row to bring back through Spark Connect, about what the aggregation it spares costs for a
-source of 500,000 rows: the saving is the aggregation's own Spark job, which counts on small merges."""
 OBSERVED_TARGET_ROWS_MAX = 1_000_000
 """Beyond this many target rows among the output rows (a few source rows can match many target rows), the
 observation is not brought back: the write is discarded and the aggregation gathers them."""
+OBSERVED_SOURCE_ROWS_MAX = OBSERVED_TARGET_ROWS_MAX
+"""The write observes the target rows it replaces for sources up to this many rows, and so needs neither a cache
+of its output rows nor an aggregation over them. The observed list comes back as one string: 250,000 rows in some
+0.26 s against 0.60 s as a list of literals (each a protobuf message of its own)."""
 _TARGET_ROW_COUNT = "_target_row_count_"
 
 
@@ -209,9 +209,9 @@ def write_changes_observing_target_rows(
         obs,
         *action_counts(codes),
         F.count(F.col(_FILE_NUMBER_COL)).alias(_TARGET_ROW_COUNT),
-        F.slice(F.collect_list(F.when(modifying, -row - 1).otherwise(row)), 1, OBSERVED_TARGET_ROWS_MAX).alias(
-            _TARGET_ROWS
-        ),
+        F.slice(F.collect_list(F.when(modifying, -row - 1).otherwise(row)), 1, OBSERVED_TARGET_ROWS_MAX)
+        .cast("string")
+        .alias(_TARGET_ROWS),
     )
     if expected_rows is not None and expected_rows <= ONE_FILE_ROWS:
         # One task writes the few rows; the join above it keeps its parallelism (the scan's, where the target
@@ -224,7 +224,8 @@ def write_changes_observing_target_rows(
     if not values or int(values.get(_TARGET_ROW_COUNT) or 0) > OBSERVED_TARGET_ROWS_MAX:
         return None
     counts = {code: int(values.get(code) or 0) for code in codes}
-    encoded = np.asarray(values[_TARGET_ROWS] or [], dtype=np.int64)
+    # "[1, -2, 3]": Spark's text of the array.
+    encoded = np.fromstring(str(values.get(_TARGET_ROWS) or "[]")[1:-1], dtype=np.int64, sep=",")
     modified = encoded < 0
     rows = np.where(modified, -encoded - 1, encoded)
     # Sorted, a long orders by file and then by row index: each file's rows are one run.
