@@ -45,9 +45,8 @@ SESSION_CONF: Mapping[str, str] = {
     # Sources up to this size are broadcast to the target scan instead of shuffling the target.
     "spark.sql.autoBroadcastJoinThreshold": str(64 * 1024 * 1024),
     # A shuffled join the adaptive plan turns into a broadcast one reads its streamed side by reducer, not per map
-    # task: a source of one file (one map task) read per map task leaves the join and its write to one task.
-    # 500,000 upserts into 5,000,000 rows with deletion vectors, warm server, alternate merges of one sequence of
-    # fourteen: median 2.20 s against 2.39 s.
+    # task: a source of one file (one map task) read per map task leaves the join and its write to one task
+    # (measured in docs/engine.md, "Spark session").
     "spark.sql.adaptive.localShuffleReader.enabled": "false",
     # An adaptive plan that finds a stage empty replaces it, and any DataFrame.observe inside it stops reporting:
     # the merge's metrics come from observations.
