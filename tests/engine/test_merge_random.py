@@ -325,6 +325,26 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     }
 
 
+@st.composite
+def merge_sequences(draw: st.DrawFn, *, steps: int) -> dict[str, Any]:
+    """A random table and ``steps`` random merges into it in turn. Each source's keys are unique, so no target
+    row has several matches (single merges cover those), and each merge draws its own ON, clauses and plans."""
+    columns, types, partitioned = _draw_columns(draw)
+    target = draw(st.lists(_row_strategy(columns, types), max_size=10))
+    merges_ = [
+        {
+            "source": draw(st.lists(_row_strategy(columns, types), max_size=7, unique_by=lambda r: r["k"])),
+            "clauses": _draw_clauses(draw, columns, types, partitioned, single_pass=False),
+            "on": draw(st.sampled_from(ONS)),
+            "broadcast": draw(st.booleans()),
+            "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
+            "find_plan": draw(st.sampled_from(["source_keys", "target_rows", "single_pass"])),
+        }
+        for _ in range(steps)
+    ]
+    return {"columns": columns, "types": types, "partitioned": partitioned, "target": target, "merges": merges_}
+
+
 def to_arrow(data: list[Row], columns: list[str], types: dict[str, str]) -> pa.Table:
     return pa.table({c: pa.array([r[c] for r in data], TYPES[types[c]][0]) for c in columns})
 
