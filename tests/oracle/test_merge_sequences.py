@@ -1,7 +1,8 @@
 """Random merges in sequence on one table with deletion vectors, against Delta's own MERGE INTO on Delta's Spark
 and the reference model. Each merge starts from the table the last one left, written by the engine and by Delta in
 turn: the engine merges over vectors Delta wrote and over its own, and Delta over the engine's, so files whose
-vectors grow, files removed once every row is deleted, and the log both write are all read back by the other.
+vectors grow, files removed once every row is deleted, and the log and checkpoints both write are all read back by
+the other.
 ``MERGE_DELTA_SEQUENCE_EXAMPLES`` sets the number of sequences for a long run."""
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ EXAMPLES = int(os.environ.get("MERGE_DELTA_SEQUENCE_EXAMPLES", "5"))
 STEPS = 3
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 CDF = {"delta.enableChangeDataFeed": "true"}
+CHECKPOINTS = {"delta.checkpointInterval": "2"}
+"""A checkpoint every other version (the second commit of a sequence writes one): each side then reads the
+deletion-vector descriptors the other's checkpoint carries, not only its commits."""
 
 _counter = itertools.count()
 
@@ -42,11 +46,6 @@ def _table_rows(delta_spark: SparkSession, path: Path, columns: list[str]) -> li
     """The table's rows as the reference model takes them."""
     got = delta_spark.read.format("delta").load(str(path)).select(*(f"`{c}`" for c in columns)).collect()
     return [r.asDict() for r in got]
-
-
-def _replace(path: Path, by: Path) -> None:
-    shutil.rmtree(path)
-    shutil.copytree(by, path)
 
 
 @random_merge_settings(EXAMPLES)
@@ -61,16 +60,19 @@ def test_merges_in_sequence_match_delta(
     model alone judges, and the sequence goes on from the engine's table."""
     columns, types = case["columns"], case["types"]
     root = tmp_path / f"sequence{next(_counter)}"
-    configuration = {**DELETION_VECTORS, **(CDF if cdf else {})}
-    ours_path = write_table(
-        root / "ours",
+    configuration = {**DELETION_VECTORS, **CHECKPOINTS, **(CDF if cdf else {})}
+    table = write_table(
+        root / "start",
         to_arrow(case["target"], columns, types),
         partition_by=["p"] if case["partitioned"] else None,
         configuration=configuration,
     )
-    theirs_path = root / "theirs"
-    shutil.copytree(ours_path, theirs_path)
     for step, merge in enumerate(case["merges"]):
+        # Fresh paths for each merge: Delta on Spark caches a path's log, and may take a table copied over it at
+        # the same version for the one it cached.
+        ours_path, theirs_path = root / f"ours{step}", root / f"theirs{step}"
+        shutil.copytree(table, ours_path)
+        shutil.copytree(table, theirs_path)
         clauses: list[ModelClause] = merge["clauses"]
         on = merge["on"]
         note(
@@ -98,8 +100,5 @@ def test_merges_in_sequence_match_delta(
             delta_trusted = False
         if delta_trusted:
             assert_same(delta_spark, ours, theirs, columns, cdf=cdf)
-        if delta_trusted and step % 2 == 1:
-            _replace(ours_path, theirs_path)
-        else:
-            _replace(theirs_path, ours_path)
+        table = theirs_path if delta_trusted and step % 2 == 1 else ours_path
     shutil.rmtree(root, ignore_errors=True)
