@@ -305,10 +305,6 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
     target = draw(st.lists(_row_strategy(columns, types), max_size=10))
     source = draw(st.lists(_row_strategy(columns, types), max_size=7))
     clauses = _draw_clauses(draw, columns, types, partitioned, single_pass)
-    # Both plans of each join: the source broadcast past the streamed target (with or without the source's key
-    # bitmap, and with it either way of finding the source rows matching no target row), or both sides
-    # shuffled; and
-    # findTouchedFiles by source keys, by target rows, or folded into the write (the single pass).
     return {
         "columns": columns,
         "types": types,
@@ -317,6 +313,15 @@ def merges(draw: st.DrawFn, *, single_pass: bool = False) -> dict[str, Any]:
         "clauses": clauses,
         "partitioned": partitioned,
         "on": draw(st.sampled_from(ONS[:3] if single_pass else ONS)),
+        **_draw_plans(draw, single_pass),
+    }
+
+
+def _draw_plans(draw: st.DrawFn, single_pass: bool) -> dict[str, Any]:
+    """Both plans of each join: the source broadcast past the streamed target (with or without the source's key
+    bitmap, and with it either way of finding the source rows matching no target row), or both sides shuffled;
+    and findTouchedFiles by source keys, by target rows, or folded into the write (the single pass)."""
+    return {
         "broadcast": draw(st.booleans()),
         "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
         "find_plan": "single_pass"
@@ -336,9 +341,7 @@ def merge_sequences(draw: st.DrawFn, *, steps: int) -> dict[str, Any]:
             "source": draw(st.lists(_row_strategy(columns, types), max_size=7, unique_by=lambda r: r["k"])),
             "clauses": _draw_clauses(draw, columns, types, partitioned, single_pass=False),
             "on": draw(st.sampled_from(ONS)),
-            "broadcast": draw(st.booleans()),
-            "key_bitmap": draw(st.sampled_from([None, "held", "semi"])),
-            "find_plan": draw(st.sampled_from(["source_keys", "target_rows", "single_pass"])),
+            **_draw_plans(draw, single_pass=False),
         }
         for _ in range(steps)
     ]

@@ -44,8 +44,7 @@ _counter = itertools.count()
 
 def _table_rows(delta_spark: SparkSession, path: Path, columns: list[str]) -> list[dict[str, Any]]:
     """The table's rows as the reference model takes them."""
-    got = delta_spark.read.format("delta").load(str(path)).select(*(f"`{c}`" for c in columns)).collect()
-    return [r.asDict() for r in got]
+    return [dict(zip(columns, r, strict=True)) for r in delta_rows(delta_spark, path, columns)]
 
 
 @random_merge_settings(EXAMPLES)
