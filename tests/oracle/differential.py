@@ -91,14 +91,21 @@ def _committed(side: Side, before: int) -> None:
 
 
 def run_engine(
-    spark: SparkSession, side: Side, source: Path, on: str, clauses: Sequence[MergeClause], plans: Any
+    spark: SparkSession,
+    side: Side,
+    source: Path,
+    on: str,
+    clauses: Sequence[MergeClause],
+    plans: Any = (),
+    **spec_options: Any,
 ) -> None:
+    """The engine's merge (the join and findTouchedFiles ``plans`` forced, ``spec_options`` on its MergeSpec)."""
     before = latest_version(side.path)
     try:
         with ExitStack() as stack:
             for plan in plans:
                 stack.enter_context(plan)
-            result: MergeResult = run_merge(spark, make_spec(side.path, source, on, clauses))
+            result: MergeResult = run_merge(spark, make_spec(side.path, source, on, clauses, **spec_options))
     except MultipleMatchError as exc:
         side.error = exc
         return
