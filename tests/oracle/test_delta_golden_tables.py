@@ -30,7 +30,11 @@ PARTITIONED_TABLES = ["dv-partitioned-with-checkpoint", "dv-with-columnmapping"]
 
 
 def _copy(name: str, dest: Path) -> Path:
-    shutil.copytree(TABLES / name, dest)
+    return _copy_tree(TABLES / name, dest)
+
+
+def _copy_tree(table: Path, dest: Path) -> Path:
+    shutil.copytree(table, dest)
     return dest
 
 
@@ -121,3 +125,27 @@ def test_merges_into_deltas_tables_match_delta(
     assert bool(with_vectors) == (deletion_vectors == "auto")
     # The engine reads its own result as Delta does.
     assert _engine_rows(spark, ours.path, columns) == delta_rows(delta_spark, ours.path, columns)
+
+
+def test_an_absolute_vector_path_with_special_characters(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """A ``p`` vector whose URI escapes ``%`` and a space (Delta's DeletionVectorsSuite, "absolute DV path with
+    encoded special characters"): the rows 0-9 less the even ones. A merge then writes the file's new vector
+    beside the table, as Delta's does."""
+    table = _copy("table-with-dv-special-char", tmp_path / "spark")
+    folder = (table / "folder&with%special char").resolve()
+    encoded = f"{folder.parent}/folder&with%25special%20char"
+    log = table / "_delta_log" / f"{0:020d}.json"
+    log.write_text(log.read_text().replace("{{FOLDER_WITH_SPECIAL_CHAR}}", encoded))
+    expected = [(1,), (3,), (5,), (7,), (9,)]
+    assert _engine_rows(spark, table, ["id"]) == delta_rows(delta_spark, table, ["id"]) == expected
+
+    ours = Side(table, start_version=0)
+    theirs = Side(_copy_tree(table, tmp_path / "theirs"), start_version=0)
+    source = write_table(tmp_path / "source", pa.table({"id": pa.array([2, 3, 11], pa.int64())}))
+    clauses = [clause("matched", "delete"), clause("notMatched", "insert", id="s.id")]
+    run_engine(spark, ours, source, "t.id = s.id", clauses)
+    run_delta(delta_spark, theirs, source, "t.id = s.id", clauses)
+    assert_same(delta_spark, ours, theirs, ["id"])
+    assert _engine_rows(spark, table, ["id"]) == _sort([(1,), (2,), (5,), (7,), (9,), (11,)])
