@@ -214,7 +214,7 @@ def _list_written(
     base = os.path.join(root, *rel_dir.split("/"))
     lowered = {name.lower(): name for name in partition_types}
     for folder, dirs, names in os.walk(base):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        dirs[:] = sorted(d for d in dirs if _partition_folder(d, lowered) or not d.startswith(("_", ".")))
         for name in sorted(names):
             if name.startswith(("_", ".")) or not name.endswith(".parquet"):
                 continue
@@ -233,6 +233,12 @@ def _list_written(
             ordered = {c: values[c] for c in partition_types}
             out.append((relative, absolute, ordered, os.stat(absolute)))
     return out
+
+
+def _partition_folder(folder: str, lowered: Mapping[str, str]) -> bool:
+    """Whether ``folder`` is a partition column's ``k=v`` folder: one of a column named ``_x`` or ``.x`` is not
+    one of the hidden folders (``_temporary``, ``.hive-staging``) a write's files are never in."""
+    return "=" in folder and parse_partition_dir(folder)[0].lower() in lowered
 
 
 def _partition_types(schema: T.StructType, partition_columns: Sequence[str]) -> dict[str, T.DataType]:

@@ -26,7 +26,9 @@ from engine import (
 from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.validation import column_path, validate_spec
+from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import make_spec, rows, write_table
+from tests.oracle.tables import latest_version, log_actions
 
 NAMES = ["comment", "desc", "select", "from", "case", "null", "a`b"]
 """Keywords sqlglot reads as statements or literals, and a backtick, which Delta allows without column mapping."""
@@ -291,3 +293,45 @@ def test_bare_statement_words_are_columns_in_conditions_and_values(
     )
     run(spark, merge, form)
     assert rows(target, ["id", "comment", "desc", "select"]) == [(1, 1, 1, 1), (2, 21, None, None), (3, 31, 30, None)]
+
+
+@pytest.mark.parametrize("kind", ["plain", "change data feed", "deletion vectors"])
+def test_columns_named_with_a_leading_underscore_partition_and_key(
+    spark: SparkSession, tmp_path: Path, kind: str
+) -> None:
+    """A partition column named ``_p``: Spark writes its files under ``_p=...`` folders, which are the table's
+    partitions, not hidden folders like ``_temporary``. Every updated and inserted row is committed, in old
+    partitions and new ones, whichever way the merge writes."""
+    schema = pa.schema([("_id", pa.int64()), ("_p", pa.string()), ("_v", pa.int64())])
+    configuration = {"delta.enableChangeDataFeed": "true"} if kind == "change data feed" else None
+    target = write_table(
+        tmp_path / "target",
+        pa.table([[1, 2, 3, 4], ["a", "a", "b+%21", None], [10, 20, 30, 40]], schema=schema),
+        partition_by=["_p"],
+        configuration=configuration,
+    )
+    if kind == "deletion vectors":
+        enable_deletion_vectors(target)
+    source = write_table(
+        tmp_path / "source", pa.table([[2, 3, 5, 6], ["a", "b+%21", "c", None], [21, 31, 51, 61]], schema=schema)
+    )
+    merge = spec(
+        target,
+        source,
+        "t._id = s._id",
+        MergeClause("matched", UpdateAction(star=True)),
+        MergeClause("notMatched", InsertAction(star=True)),
+    )
+    result = run_merge(spark, merge)
+    assert (result.result["num_updated_rows"], result.result["num_inserted_rows"]) == (2, 2)
+    got = read_with_deltalake(target, order_by="_id")
+    assert got.select(["_id", "_p", "_v"]).to_pylist() == [
+        {"_id": 1, "_p": "a", "_v": 10},
+        {"_id": 2, "_p": "a", "_v": 21},
+        {"_id": 3, "_p": "b+%21", "_v": 31},
+        {"_id": 4, "_p": None, "_v": 40},
+        {"_id": 5, "_p": "c", "_v": 51},
+        {"_id": 6, "_p": None, "_v": 61},
+    ]
+    adds = [a["add"] for a in log_actions(target, latest_version(target)) if "add" in a]
+    assert any(a.get("deletionVector") for a in adds) == (kind == "deletion vectors")
