@@ -17,9 +17,9 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
-from engine import MergeClause, run_merge
+from engine import MergeClause, UpdateAction, run_merge
 from tests.engine.harness import clause, upsert_all_spec, write_table
-from tests.oracle.differential import Side, merge_sql, metric_differences, run_delta, run_engine
+from tests.oracle.differential import Side, assert_same, merge_sql, metric_differences, run_delta, run_engine
 from tests.oracle.tables import latest_version, log_actions, make_delta_table, table_ref
 
 DDL = "id BIGINT, v STRING, gone STRING, s STRUCT<a: INT, b: STRING>, p STRING"
@@ -266,3 +266,48 @@ def test_schema_evolution_on_an_id_mode_table(spark: SparkSession, delta_spark: 
 def _last_configuration(path: Path) -> dict[str, str]:
     metadata = [a["metaData"] for a in log_actions(path) if "metaData" in a]
     return dict(metadata[-1]["configuration"])
+
+
+ODD_NAMES_DDL = "`my id` BIGINT, `p q` STRING, `c.d` INT, `e,f` STRING, `g=h` DOUBLE, `(x);{y}` INT, `_z` INT"
+ODD_NAMES = ["my id", "p q", "c.d", "e,f", "g=h", "(x);{y}", "_z"]
+"""Names Delta accepts only under column mapping (a space, a dot, a comma, ``=``, brackets and ``;``), one of
+them the partition column, and one with a leading underscore."""
+
+
+@pytest.mark.parametrize("deletion_vectors", [False, True])
+def test_names_only_column_mapping_allows_merge_as_delta_does(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, deletion_vectors: bool
+) -> None:
+    properties = {"delta.columnMapping.mode": "name"}
+    if deletion_vectors:
+        properties["delta.enableDeletionVectors"] = "true"
+    rows = [(i, ["a b", "c=d", None][i % 3], i, f"v{i}", i / 2, i, i) for i in range(12)]
+    ours = Side(
+        make_delta_table(
+            delta_spark, tmp_path / "ours", ODD_NAMES_DDL, rows, properties=properties, partitioned_by=["`p q`"]
+        )
+    )
+    theirs = Side(tmp_path / "theirs")
+    shutil.copytree(ours.path, theirs.path)
+    ours.start_version = theirs.start_version = latest_version(ours.path)
+    source_rows = [(i, ["a b", "new p", None][i % 3], i * 10, f"s{i}", 1.5, -i, 7) for i in range(6, 18)]
+    source = make_delta_table(
+        delta_spark, tmp_path / "source", ODD_NAMES_DDL, source_rows, properties={"delta.columnMapping.mode": "name"}
+    )
+    clauses = [
+        clause("matched", "delete", "s.`c.d` = 80"),
+        MergeClause("matched", UpdateAction(set={"`e,f`": "s.`e,f`", "`g=h`": "t.`g=h` + s.`g=h`"}), "t.`(x);{y}` > 7"),
+        clause("matched", "update_all"),
+        clause("notMatched", "insert_all"),
+        MergeClause("notMatchedBySource", UpdateAction(set={"`_z`": "t.`_z` + 100"}), "t.`my id` < 3"),
+    ]
+    on = "t.`my id` = s.`my id`"
+    run_engine(spark, ours, source, on, clauses)
+    run_delta(delta_spark, theirs, source, on, clauses)
+    assert_same(delta_spark, ours, theirs, ODD_NAMES)
+    assert ours.result == {
+        "num_affected_rows": 15,
+        "num_updated_rows": 8,
+        "num_deleted_rows": 1,
+        "num_inserted_rows": 6,
+    }
