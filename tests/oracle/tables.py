@@ -60,4 +60,5 @@ def commit_info(path: Path | str, version: int) -> dict[str, Any]:
 
 
 def latest_version(path: Path | str) -> int:
-    return max(int(p.stem) for p in (Path(path) / "_delta_log").glob("*.json"))
+    """The newest commit's version (V2 checkpoints' ``<version>.checkpoint.<uuid>.json`` files are not commits)."""
+    return max(int(p.stem) for p in (Path(path) / "_delta_log").glob("*.json") if p.stem.isdigit())
