@@ -232,6 +232,15 @@ def _list_written(
                 raise InvalidWriteError(f"{absolute} is not under one directory per partition column")
             ordered = {c: values[c] for c in partition_types}
             out.append((relative, absolute, ordered, os.stat(absolute)))
+    # A data file outside the partition folders would be left out of the commit, its rows lost: refuse instead.
+    every = sum(
+        1
+        for _folder, _dirs, names in os.walk(base)
+        for name in names
+        if name.endswith(".parquet") and not name.startswith(("_", "."))
+    )
+    if every != len(out):
+        raise InvalidWriteError(f"Spark wrote {every} Parquet files under {base}, {len(out)} of them in its partitions")
     return out
 
 

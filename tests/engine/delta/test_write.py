@@ -12,10 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from engine.delta import (
     AddCDCFile,
@@ -27,6 +29,7 @@ from engine.delta import (
 )
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
 from engine.delta.stats import truncate_max_string, truncate_min_string
+from engine.delta.write import _list_written
 
 from .util import sorted_rows, write_log_entry
 
@@ -508,3 +511,22 @@ def test_spark_written_merge_commit_round_trip(spark: SparkSession, lake: Path) 
     latest = load_snapshot(str(table))
     ours = scan_files(spark, latest, latest.files).drop(FILE_NAME_COL, ROW_INDEX_COL).toArrow()
     assert sorted_rows(ours) == sorted_rows(DeltaTable(str(table)).to_pyarrow_table())
+
+
+def test_every_parquet_file_written_is_listed_or_the_write_is_refused(tmp_path: Path) -> None:
+    """Partition folders of columns named ``_p`` are listed; a data file anywhere else (a hidden folder) would
+    be left out of the commit, so the listing refuses rather than lose its rows."""
+    written = tmp_path / "w1"
+    for folder in ["_p=a", "_p=b+%2521"]:
+        (written / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1]}), written / folder / "part-00000.parquet")
+    (written / "_SUCCESS").write_text("")
+    listed = _list_written(str(tmp_path), "w1", {"_p": T.StringType()}, "UTC")
+    assert sorted((rel, values) for rel, _, values, _ in listed) == [
+        ("w1/_p=a/part-00000.parquet", {"_p": "a"}),
+        ("w1/_p=b+%2521/part-00000.parquet", {"_p": "b+%21"}),
+    ]
+    (written / "_temporary").mkdir()
+    pq.write_table(pa.table({"x": [1]}), written / "_temporary" / "part-00001.parquet")
+    with pytest.raises(InvalidWriteError, match=r"3 Parquet files .* 2 of them"):
+        _list_written(str(tmp_path), "w1", {"_p": T.StringType()}, "UTC")
