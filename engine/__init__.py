@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         UpdateAction,
     )
     from engine.sql import parse_merge_sql
-    from engine.validation import validate_spec
+    from engine.validation import check_no_internal_columns, validate_spec
     from engine.warm_start import warm_up
 
 _EXPORTS = {
@@ -41,6 +41,7 @@ _EXPORTS = {
     "run_merge": "engine.command",
     "run_delta_merge": "engine.delta_connect",
     "validate_spec": "engine.validation",
+    "check_no_internal_columns": "engine.validation",
     "ALL_METRICS": "engine.result",
     "COMMIT_METRICS": "engine.result",
     "AppTransaction": "engine.result",
@@ -75,6 +76,7 @@ __all__ = [
     "RowsSource",
     "TableSource",
     "UpdateAction",
+    "check_no_internal_columns",
     "connect",
     "parse_merge_sql",
     "rows_to_arrow",

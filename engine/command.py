@@ -38,7 +38,7 @@ from engine.source_keys import SourceKeyRanges
 from engine.spark import local_checkpoint
 from engine.spark_errors import translate_spark_error
 from engine.spec import DeleteAction, MergeClause, MergeSpec, RowsSource, TableSource, UpdateAction
-from engine.validation import ParsedMerge, parse_merge
+from engine.validation import ParsedMerge, check_no_internal_columns, parse_merge
 
 MAX_CONFLICT_RETRIES = 3
 ENGINE_INFO = "merge-service/0.1.0"
@@ -146,6 +146,8 @@ class MergeIntoCommand:
     def _run(self, snapshot: Snapshot, start: float) -> MergeResult:
         spec = self.spec
         source = self._prepare_source()
+        check_no_internal_columns("target", [f.name for f in snapshot.spark_schema.fields])
+        check_no_internal_columns("source", source.columns)
         target_empty = delta.scan_files(self.spark, snapshot, [], file_columns=False)
         resolved = Resolver(
             self.parsed,

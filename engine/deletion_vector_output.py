@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from engine import delta
 from engine.context import MergeContext, observe
 from engine.delta import AddCDCFile, AddFile
+from engine.delta.internal_columns import internal_column
 from engine.output import (
     ACTION_COL,
     COPY,
@@ -30,8 +31,8 @@ from engine.output import (
 from engine.spark import Observation
 from engine.write_files import WrittenFiles, project_output, write_output
 
-_ROW_INDEXES = "_row_indexes_"
-_REPEATED_MATCHES = "_repeated_matches_"
+_ROW_INDEXES = internal_column("row_indexes")
+_REPEATED_MATCHES = internal_column("repeated_matches")
 
 ONE_FILE_ROWS = 100_000
 """A deletion-vector merge that writes at most this many rows (updates, inserts, change rows) writes them as one
@@ -74,8 +75,8 @@ def project_changes_with_deletion_vectors(
     count_repeated_matches: bool = False,
     target_columns: frozenset[str] | None = None,
 ) -> DeletionVectorOutput:
-    """Merge-on-read writeAllChanges up to its write: ``joined`` carries each target row's ``_file_name_`` and
-    ``_row_index_``. With ``count_repeated_matches`` the same aggregation also counts the target rows met more
+    """Merge-on-read writeAllChanges up to its write: ``joined`` carries each target row's ``FILE_NAME_COL`` and
+    ``ROW_INDEX_COL``. With ``count_repeated_matches`` the same aggregation also counts the target rows met more
     than once, so a join that holds every matched row checks for several matches before anything is written.
     ``target_columns``: the only table columns ``joined`` holds (without Change Data Feed)."""
     assert target_columns is None or not ctx.cdc_enabled, "change rows carry the whole target row"
@@ -128,8 +129,8 @@ def write_changes_with_deletion_vectors(
     return write_output(ctx, rows, output.preimages, dedup_columns, write_id=write_id, copies=False)
 
 
-_FILE_NUMBER_COL = "_target_file_number_"
-_TARGET_ROWS = "_target_rows_"
+_FILE_NUMBER_COL = internal_column("target_file_number")
+_TARGET_ROWS = internal_column("target_rows")
 _ROW_BITS = 40
 """A target row observed as one long: its file's number above bit 40, its row index below (every Parquet file's
 rows fit), negated (less one) when the row leaves its file."""
@@ -142,7 +143,7 @@ OBSERVED_SOURCE_ROWS_MAX = OBSERVED_TARGET_ROWS_MAX
 """The write observes the target rows it replaces for sources up to this many rows, and so needs neither a cache
 of its output rows nor an aggregation over them. The observed list comes back as one string: 250,000 rows in some
 0.26 s against 0.60 s as a list of literals (each a protobuf message of its own)."""
-_TARGET_ROW_COUNT = "_target_row_count_"
+_TARGET_ROW_COUNT = internal_column("target_row_count")
 
 
 FILE_NUMBERS_INLINE_MAX = 100

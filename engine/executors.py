@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from engine import delta, single_pass
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
 from engine.delta import AddFile
+from engine.delta.internal_columns import internal_column
 from engine.errors import MergeExecutionError, MultipleMatchError
 from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, keyed_join, qualified_column
@@ -61,7 +62,7 @@ ONE_TASK_GROUPING_ROWS = 1_000_000
 """Sources known to have at most this many rows are grouped by key in one task."""
 
 
-SOURCE_KEY_ROWS_COL = "_source_rows_with_key_"
+SOURCE_KEY_ROWS_COL = internal_column("source_rows_with_key")
 
 
 def _observe_touched(rows: DataFrame, touched: Column, matches: Column) -> dict[str, Any]:
@@ -193,7 +194,10 @@ class ClassicMergeExecutor:
             F.col(qualified_column(t, delta.FILE_NAME_COL)).alias(delta.FILE_NAME_COL),
             *([F.col(qualified_column(t, delta.ROW_INDEX_COL)).alias(delta.ROW_INDEX_COL)] if row_indexes else []),
             F.col(SOURCE_KEY_ROWS_COL),
-            *[F.col(qualified_column(s, k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)],
+            *[
+                F.col(qualified_column(s, k.source_column)).alias(internal_column(f"key_{i}"))
+                for i, k in enumerate(keyed.keys)
+            ],
         )
         if spec.not_matched and self._may_broadcast_source():
             matched = matched.persist()

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructField, StructType
 from engine import delta
 from engine.context import MergeContext
 from engine.delta import AddFile
+from engine.delta.internal_columns import internal_column
 from engine.expressions import sql
 from engine.join_keys import key_condition, qualified_column
 from engine.key_bitmap import PROBE_KEY_COL, KeyBitmap
@@ -24,7 +25,7 @@ BROADCAST_SIZE_RATIO = 4
 """... and only when the target rows they meet are at least this many times as many."""
 
 
-MATCHED_KEYS_ALIAS = "_matched_keys_"
+MATCHED_KEYS_ALIAS = internal_column("matched_keys")
 
 
 HELD_TARGET_ROWS_PER_KEY = 2
@@ -147,7 +148,7 @@ def unmatched_source_rows_by_matched_keys(
     some target row exactly when its key is among them and it passes ON's source-only conjuncts. The keys are
     broadcast (they are fewer than the source rows, which the plans that call this broadcast), so the source
     streams past them instead of being shuffled to meet them."""
-    names = [f"_key_{i}_" for i in range(len(keyed.keys))]
+    names = [internal_column(f"key_{i}") for i in range(len(keyed.keys))]
     condition = key_condition(
         keyed,
         [qualified_column(source_alias, k.source_column) for k in keyed.keys],

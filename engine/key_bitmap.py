@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.context import MergeContext
+from engine.delta.internal_columns import internal_column
 from engine.expressions import quote_identifier, sql
 from engine.join_keys import key_condition, one_integer_key, qualified_column
 from engine.merge_condition import KeyedOn
@@ -23,10 +24,10 @@ single pass with NOT MATCHED clauses takes one whatever the source's size, to co
 KEY_BITMAP_BITS_PER_KEY = 16
 KEY_BITMAP_MAX_BITS = 1 << 24
 """2 MiB: the bitmap must stay cache-sized to be worth testing before the probe."""
-KEY_BITMAP_COL = "_source_keys_bitmap_"
+KEY_BITMAP_COL = internal_column("source_keys_bitmap")
 
 
-PROBE_KEY_COL = "_probe_key_"
+PROBE_KEY_COL = internal_column("probe_key")
 
 
 @dataclass(frozen=True)

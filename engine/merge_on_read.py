@@ -31,6 +31,7 @@ from engine.deletion_vector_output import (
 )
 from engine.delta import AddCDCFile, AddFile
 from engine.delta.dml_with_deletion_vectors import mark_rows_deleted
+from engine.delta.internal_columns import internal_column
 from engine.errors import MultipleMatchError
 from engine.executors import ClassicMergeExecutor, is_only_one_unconditional_delete
 from engine.join_keys import keyed_join
@@ -41,8 +42,8 @@ from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
 from engine.spark import Observation, static_plan
 from engine.write_files import record_write_metrics
 
-_DELETED_ROWS = "_deleted_row_indexes_"
-_DELETED_PAIRS = "_deleted_pairs_"
+_DELETED_ROWS = internal_column("deleted_row_indexes")
+_DELETED_PAIRS = internal_column("deleted_pairs")
 
 
 @dataclass(frozen=True)

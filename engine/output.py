@@ -1,8 +1,8 @@
 """Delta's MergeOutputGeneration over Spark Connect: precomputed clause conditions and one CASE WHEN per
-output column, turning each joined row into its output row plus ``_row_dropped_``.
+output column, turning each joined row into its output row plus ``ROW_DROPPED_COL``.
 
 Where Delta increments SQL metrics from inside the CASE branches (``incrementMetricAndReturnBool``), each
-branch here also yields an action code in ``_merge_action_``; one ``DataFrame.observe`` over that column
+branch here also yields an action code in ``ACTION_COL``; one ``DataFrame.observe`` over that column
 counts the rows of every kind in the same pass as the write (or, in the single pass with a key bitmap, over
 the source rows met with the target rows the bitmap holds: see ClassicMergeExecutor).
 """
@@ -16,17 +16,18 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField
 
+from engine.delta.internal_columns import internal_column
 from engine.expressions import quote_identifier
 from engine.resolution import ResolvedClause
 
-SOURCE_ROW_PRESENT_COL = "_source_row_present_"
-TARGET_ROW_PRESENT_COL = "_target_row_present_"
-ROW_DROPPED_COL = "_row_dropped_"
-ACTION_COL = "_merge_action_"
-PRECOMPUTED_CONDITION_COL = "_condition_"
+SOURCE_ROW_PRESENT_COL = internal_column("source_row_present")
+TARGET_ROW_PRESENT_COL = internal_column("target_row_present")
+ROW_DROPPED_COL = internal_column("row_dropped")
+ACTION_COL = internal_column("merge_action")
 CDC_TYPE_COL = "_change_type"
-TARGET_ROW_INDEX_COL = "_target_row_index_"
-SOURCE_ROW_INDEX_COL = "_source_row_index"
+TARGET_ROW_INDEX_COL = internal_column("target_row_index")
+SOURCE_ROW_INDEX_COL = internal_column("source_row_index")
+DATA_ROW_KEY_COL = internal_column("data_row_key")
 
 # Change Data Feed row kinds (CDCReader); NULL marks a row of the table's own data.
 CDC_TYPE_INSERT = "insert"
@@ -59,7 +60,7 @@ _ACTION_CODES = {
 
 
 def action(name: str) -> Column:
-    """The ``_merge_action_`` value of an action: a small integer, cheap to compare on every row."""
+    """The ``ACTION_COL`` value of an action: a small integer, cheap to compare on every row."""
     return F.lit(_ACTION_CODES[name]).cast("byte")
 
 
@@ -69,7 +70,7 @@ def cdc_not_cdc() -> Column:
 
 @dataclass
 class ProcessedClause:
-    """A clause after its condition is precomputed: N output values, then _row_dropped_, the action and, with
+    """A clause after its condition is precomputed: N output values, then ROW_DROPPED_COL, the action and, with
     Change Data Feed, the change type."""
 
     condition: Column | None
@@ -79,14 +80,14 @@ class ProcessedClause:
 def generate_precomputed_conditions_and_df(
     df: DataFrame, clauses: Sequence[ResolvedClause]
 ) -> tuple[DataFrame, dict[int, Column]]:
-    """Each clause condition becomes a boolean column computed once per row (``_<kind>_condition_<i>_``),
+    """Each clause condition becomes a boolean column computed once per row (``<kind>_condition_<i>``, internal),
     not once per output column inside every CASE WHEN."""
     columns: list[Column] = []
     lookups: dict[int, Column] = {}
     for clause in clauses:
         if clause.condition is None:
             continue
-        name = f"_{clause.kind}{PRECOMPUTED_CONDITION_COL}{len(columns)}_"
+        name = internal_column(f"{clause.kind}_condition_{len(columns)}")
         columns.append(clause.condition.alias(name))
         lookups[id(clause)] = F.col(quote_identifier(name))
     if not columns:
@@ -201,12 +202,12 @@ def noop_copy_exprs(target_cols: Sequence[Column], *, cdc: bool) -> list[Column]
 # The rows each joined row gives with Change Data Feed (generateCdcAndOutputRows): its data row, its change
 # row, and an update's preimage.
 _DATA_ROW, _CHANGE_ROW, _PREIMAGE_ROW = 0, 1, 2
-CDC_ROW_KIND_COL = "_cdc_row_kind_"
+CDC_ROW_KIND_COL = internal_column("cdc_row_kind")
 
 
 def preimage_names(count: int) -> list[str]:
     """The columns that carry the target row as it was, for an update's ``update_preimage`` change row."""
-    return [f"_preimage_{i}_" for i in range(count)]
+    return [internal_column(f"preimage_{i}") for i in range(count)]
 
 
 def generate_cdc_and_output_rows(
@@ -219,7 +220,7 @@ def generate_cdc_and_output_rows(
     """Delta's generateCdcAndOutputRows: an insert gives its data row and an ``insert`` change row, an update
     its data row, an ``update_postimage`` and an ``update_preimage`` (the target row as it was), a delete only
     its ``delete`` change row, any other row its data row. Rows with a NULL ``_change_type`` are the table's
-    data; the others are change data. ``output_cols`` end with _row_dropped_, _merge_action_ and
+    data; the others are change data. ``output_cols`` end with ROW_DROPPED_COL, ACTION_COL and
     _change_type; the output keeps that layout.
 
     Delta packs each joined row's output rows into an array of structs and explodes it twice. Here the
@@ -278,9 +279,9 @@ def deduplicate_cdf_deletes(df: DataFrame, dedup_columns: Sequence[str]) -> Data
     # Only change rows are de-duplicated: data rows are distinct rows by construction.
     key = F.when(F.col(CDC_TYPE_COL).isNull(), F.monotonically_increasing_id()).otherwise(F.lit(None))
     return (
-        df.withColumn("_data_row_key_", key)
-        .dropDuplicates([TARGET_ROW_INDEX_COL, CDC_TYPE_COL, "_data_row_key_"])
-        .drop(TARGET_ROW_INDEX_COL, SOURCE_ROW_INDEX_COL, "_data_row_key_")
+        df.withColumn(DATA_ROW_KEY_COL, key)
+        .dropDuplicates([TARGET_ROW_INDEX_COL, CDC_TYPE_COL, DATA_ROW_KEY_COL])
+        .drop(TARGET_ROW_INDEX_COL, SOURCE_ROW_INDEX_COL, DATA_ROW_KEY_COL)
     )
 
 

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 
 from engine import delta
 from engine.context import MergeContext, observe, observed_source_rows, source_with_count
+from engine.delta.internal_columns import internal_column
 from engine.expressions import quote_identifier
 from engine.join_keys import one_integer_key, qualified_column
 from engine.joins import broadcast_full_outer, holds_few_target_rows, source_fits_broadcast, unmatched_source_rows
@@ -60,10 +61,10 @@ expect: a wrong guess costs the rewrite of these few rows, discarded, while find
 more than rewriting them; a right one spares that job, most of a small merge's time."""
 
 
-TOUCHED_FILE_COL = "_touched_file_"
+TOUCHED_FILE_COL = internal_column("touched_file")
 
 
-FILE_HASH_COL = "_file_hash_"
+FILE_HASH_COL = internal_column("file_hash")
 
 
 TARGET_SIDE_ACTIONS = (COPY, MATCHED_UPDATE, MATCHED_DELETE, NOT_MATCHED_BY_SOURCE_UPDATE, NOT_MATCHED_BY_SOURCE_DELETE)

@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from engine.context import MergeContext
+from engine.delta.internal_columns import internal_column
 from engine.expressions import quote_identifier
 from engine.join_keys import key_condition, keyed_join, qualified_column
 from engine.joins import source_fits_broadcast
@@ -25,7 +26,7 @@ the target rows they keep are shuffled to the join. A larger source takes the fi
 (``source_fits_broadcast``): 500,000 upserts into 5,000,000 rows in 20 files, merge-on-read, warm server, the last
 runs of seven, 3.1-3.5 s against 3.9-4.1 s with the whole source broadcast."""
 
-_TARGET, _KEYS = "_target_", "_source_keys_"
+_TARGET, _KEYS = internal_column("target"), internal_column("source_keys")
 
 
 def source_key_filter(ctx: MergeContext) -> KeyedOn | None:
@@ -42,11 +43,11 @@ def keep_rows_of_source_keys(ctx: MergeContext, target: DataFrame, keyed: KeyedO
     """``target``'s rows whose ON keys equal some source row's (with each key's null-safety): every other row
     matches no source row."""
     keys = ctx.source.select(
-        *[F.col(quote_identifier(k.source_column)).alias(f"_key_{i}_") for i, k in enumerate(keyed.keys)]
+        *[F.col(quote_identifier(k.source_column)).alias(internal_column(f"key_{i}")) for i, k in enumerate(keyed.keys)]
     )
     condition = key_condition(
         keyed,
         [qualified_column(_TARGET, k.target_column) for k in keyed.keys],
-        [qualified_column(_KEYS, f"_key_{i}_") for i in range(len(keyed.keys))],
+        [qualified_column(_KEYS, internal_column(f"key_{i}")) for i in range(len(keyed.keys))],
     )
     return target.alias(_TARGET).join(F.broadcast(keys.alias(_KEYS)), condition, "left_semi")

@@ -22,6 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from engine.delta.internal_columns import internal_column
 from engine.errors import MergeResolutionError
 from engine.expressions import quote_identifier
 
@@ -152,7 +153,7 @@ def struct_by_name(
             parts.append(f"{sql_string(f.name)}, CAST({value} AS {sql_type(f.dataType)})")
         return f"CASE WHEN ({text}) IS NULL THEN NULL ELSE named_struct({', '.join(parts)}) END"
     if isinstance(source, ArrayType) and isinstance(target, ArrayType) and needs_struct_by_name(source, target):
-        element = f"_element_{depth}_"
+        element = internal_column(f"element_{depth}")
         inner = struct_by_name(
             element, source.elementType, target.elementType, allow_missing=allow_missing, where=where, depth=depth + 1
         )

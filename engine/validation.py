@@ -5,12 +5,13 @@ the text Spark will run."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlglot import exp
 
-from engine.delta import ColumnPathError, parse_column_path, quote_path
+from engine.delta import ColumnPathError, parse_column_path, quote_identifier, quote_path
+from engine.delta.internal_columns import INTERNAL_PREFIX, internal_names
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.expression_rules import check_expression, source_query_sql, spark_text
 from engine.expressions import DIALECT, parse_expression
@@ -68,6 +69,18 @@ class ParsedMerge:
     def tree(self, text: str) -> exp.Expression:
         """The tree of a condition or an assigned value of ``spec``, by its text there."""
         return self.trees[text]
+
+
+def check_no_internal_columns(side: str, names: Iterable[str]) -> None:
+    """A table or source column under the internal prefix would be taken for one the merge adds while it works
+    (``docs/engine.md``, "Internal columns"). ``side`` names where the columns are, as the error's field."""
+    taken = internal_names(names)
+    if taken:
+        raise MergeSpecError(
+            f"{side}: column {quote_identifier(taken[0])} is under the prefix {INTERNAL_PREFIX!r}, which the "
+            "service reserves for the columns it adds while merging; rename the column to merge this table.",
+            field=side,
+        )
 
 
 def validate_spec(spec: MergeSpec) -> MergeSpec:

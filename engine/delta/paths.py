@@ -83,11 +83,6 @@ def spark_read_path(local_path: str) -> str:
     return "file:" + _GLOB_CHARS.sub(r"\\\1", local_path)
 
 
-SPARK_FILE_PATH_TO_LOCAL_SQL = "url_decode(replace(regexp_replace({col}, '^file:(//)?', ''), '+', '%2B'))"
-"""SQL that turns Spark's ``_metadata.file_path`` (``file:/a%20b/c``) back into the local path (``/a b/c``).
-``+`` is literal in those URIs, but url_decode would read it as a space."""
-
-
 class ReadScope:
     """Where the files of one table (or one file source) may be read from: its own directory and the lake
     roots, compared after symlinks. A log is data: an absolute ``file://`` path, a ``..`` or a symlink in it

@@ -8,7 +8,7 @@ Rows a file's deletion vector deletes never leave the scan: files without a vect
 one are read with their log path and Parquet row index, and ``scan_deleted_rows`` drops their deleted rows.
 
 On a table whose row tracking is enabled a scan can also give each row its stable row id and row commit version
-(``_row_id_``, ``_row_commit_version_``: the materialized columns where not NULL, else the file's ``baseRowId``
+(``ROW_ID_COL``, ``ROW_COMMIT_VERSION_COL``: the materialized columns where not NULL, else the file's ``baseRowId``
 plus the row's index and its ``defaultRowCommitVersion``), which a rewrite carries into the materialized
 columns of the files it writes.
 """
@@ -28,7 +28,7 @@ from engine.delta.actions import AddFile
 from engine.delta.column_mapping import is_mapped, read_columns
 from engine.delta.errors import DeltaError
 from engine.delta.names import quote_identifier
-from engine.delta.paths import PLAIN_PATH, SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
+from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
@@ -40,6 +40,8 @@ from engine.delta.scan_columns import (
     UNMAPPED_MARKER,
     FileColumns,
     checked_file_name,
+    file_metadata,
+    local_file_path,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
@@ -55,7 +57,7 @@ path (``scan_deleted_rows``). Files without vectors are read together: many smal
 
 
 def scan_schema(snapshot: Snapshot) -> T.StructType:
-    """The scan's columns: the table's, in table order, then ``_file_name_`` and ``_row_index_``."""
+    """The scan's columns: the table's, in table order, then ``FILE_NAME_COL`` and ``ROW_INDEX_COL``."""
     return T.StructType(
         [
             *snapshot.spark_schema.fields,
@@ -73,24 +75,24 @@ def scan_files(
     file_columns: bool = True,
     row_tracking: bool = False,
 ) -> DataFrame:
-    """The rows of ``files`` with the table's columns, ``_file_name_`` (the AddFile's log path) and
-    ``_row_index_`` (the row's position in its file). Columns the files lack (added later by schema
+    """The rows of ``files`` with the table's columns, ``FILE_NAME_COL`` (the AddFile's log path) and
+    ``ROW_INDEX_COL`` (the row's position in its file). Columns the files lack (added later by schema
     evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
     table is then a plain Parquet read. With ``row_tracking`` (a table whose row tracking is enabled), the
-    stable ``_row_id_`` and ``_row_commit_version_`` of every row follow."""
+    stable ``ROW_ID_COL`` and ``ROW_COMMIT_VERSION_COL`` of every row follow."""
     return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none", row_tracking)
 
 
 def scan_files_with_path(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
-    """The rows of ``files`` with the table's columns and ``_file_path_``, the reader's own name of the file
-    each row comes from. It costs nothing per row, where ``_file_name_`` costs a new string per row: for
+    """The rows of ``files`` with the table's columns and ``FILE_PATH_COL``, the reader's own name of the file
+    each row comes from. It costs nothing per row, where ``FILE_NAME_COL`` costs a new string per row: for
     plans that only collect the names of a few files, which ``files_at_paths`` maps back."""
     return _scan(spark, snapshot, files, "path")
 
 
 def files_at_paths(snapshot: Snapshot, files: Sequence[AddFile], paths: Iterable[str]) -> list[AddFile]:
-    """The files among ``files`` that ``_file_path_`` values name, in ``files``' order. ``unquote`` is Spark's
-    ``url_decode`` of ``SPARK_FILE_PATH_TO_LOCAL_SQL`` less its reading of ``+`` as a space."""
+    """The files among ``files`` that ``FILE_PATH_COL`` values name, in ``files``' order. ``unquote`` is Spark's
+    ``url_decode`` of ``local_file_path`` less its reading of ``+`` as a space."""
     by_name = {add.path: add for add in files}
     by_local = {add.absolute_path(snapshot.root): add for add in files}
     found: set[str] = set()
@@ -196,17 +198,18 @@ def _scan_by_plain_paths(
     if file_columns == "none":
         return plain.select(*data_columns) if mapped else plain
     if file_columns == "path":
-        return plain.select(*data_columns, F.col("_metadata.file_path").alias(FILE_PATH_COL))
+        return plain.select(*data_columns, file_metadata(plain).getField("file_path").alias(FILE_PATH_COL))
     if per_file and len(unique) <= PER_FILE_SCAN_FILES:
         reads = [
-            spark.read.schema(read_schema)
-            .parquet(spark_read_path(path))
-            .select(
+            read.select(
                 *data_columns,
                 F.lit(add.path).alias(FILE_NAME_COL),
-                F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+                file_metadata(read).getField("row_index").alias(ROW_INDEX_COL),
             )
-            for path, add in zip(local, unique, strict=True)
+            for read, add in (
+                (spark.read.schema(read_schema).parquet(spark_read_path(path)), add)
+                for path, add in zip(local, unique, strict=True)
+            )
         ]
         return functools.reduce(DataFrame.union, reads)
     prefix = "file:" + snapshot.root.rstrip("/") + "/"
@@ -215,8 +218,8 @@ def _scan_by_plain_paths(
         # ``file:``: the log path is a substring, with no per-row lookup.
         return plain.select(
             *data_columns,
-            F.expr(f"substring(_metadata.file_path, {len(prefix) + 1})").alias(FILE_NAME_COL),
-            F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+            F.substr(file_metadata(plain).getField("file_path"), F.lit(len(prefix) + 1)).alias(FILE_NAME_COL),
+            file_metadata(plain).getField("row_index").alias(ROW_INDEX_COL),
         )
     return None
 
@@ -256,13 +259,13 @@ def _scan_by_mapped_paths(
         # Spark reports such paths verbatim as ``file:<path>``: joining on the raw column spares decoding every
         # row (a regex, a replace and a URL-decode per row cost more than reading the file).
         mapping_rows = [("file:" + row[0], *row[1:]) for row in mapping_rows]
-        local_path = F.col("_metadata.file_path")
+        local_path = file_metadata(data).getField("file_path")
     else:
-        local_path = F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path"))
+        local_path = local_file_path(data)
     data = data.select(
         *data_columns,
         local_path.alias(LOCAL_PATH_COL),
-        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+        file_metadata(data).getField("row_index").alias(ROW_INDEX_COL),
     )
     mapping = spark.createDataFrame(mapping_rows, mapping_schema)
     joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-FILE_NAME_COL = "_file_name_"
+from engine.delta.internal_columns import internal_column
+
+FILE_NAME_COL = internal_column("file_name")
 """The row's file, as its AddFile's log path."""
-ROW_INDEX_COL = "_row_index_"
+ROW_INDEX_COL = internal_column("row_index")
 """The row's position in its file."""
-FILE_PATH_COL = "_file_path_"
-ROW_ID_COL = "_row_id_"
-ROW_COMMIT_VERSION_COL = "_row_commit_version_"
+FILE_PATH_COL = internal_column("file_path")
+ROW_ID_COL = internal_column("row_id")
+ROW_COMMIT_VERSION_COL = internal_column("row_commit_version")
 ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
-LOCAL_PATH_COL = "__delta_local_path"
+LOCAL_PATH_COL = internal_column("local_path")
 UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 
 FileColumns = Literal["name_and_row_index", "path", "none"]
@@ -29,3 +31,16 @@ def checked_file_name() -> Column:
         F.col(FILE_NAME_COL).isNull(),
         F.raise_error(F.concat(F.lit(f"[{UNMAPPED_MARKER}] scanned file not in the request: "), F.col(LOCAL_PATH_COL))),
     ).otherwise(F.col(FILE_NAME_COL))
+
+
+def file_metadata(read: DataFrame) -> Column:
+    """Spark's hidden ``_metadata`` column of a Parquet read, asked of the read itself: a table column named
+    ``_metadata`` takes the name ``F.col`` would find."""
+    return read.metadataColumn("_metadata")
+
+
+def local_file_path(read: DataFrame) -> Column:
+    """Each row's file as a local path (``/a b/c``), from Spark's ``_metadata.file_path`` (``file:/a%20b/c``).
+    ``+`` is literal in those URIs, but ``url_decode`` would read it as a space."""
+    uri = file_metadata(read).getField("file_path")
+    return F.url_decode(F.replace(F.regexp_replace(uri, "^file:(//)?", ""), F.lit("+"), F.lit("%2B")))

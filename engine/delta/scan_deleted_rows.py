@@ -21,13 +21,14 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile
 from engine.delta.column_mapping import read_columns
 from engine.delta.deletion_vectors import read_deletion_vector
+from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
-from engine.delta.scan_columns import FILE_NAME_COL, LOCAL_PATH_COL, ROW_INDEX_COL, UNMAPPED_MARKER
+from engine.delta.scan_columns import FILE_NAME_COL, LOCAL_PATH_COL, ROW_INDEX_COL, UNMAPPED_MARKER, file_metadata
 from engine.delta.snapshot import Snapshot
 
-_FILE_NUMBER_COL = "__delta_dv_file"
-_DELETED_ROW_COL = "__delta_dv_row"
+_FILE_NUMBER_COL = internal_column("dv_file")
+_DELETED_ROW_COL = internal_column("dv_row")
 _ROW_BITS = 40
 """Row indexes below 2**40 (every Parquet file there is) share one long key with their file's number."""
 
@@ -39,10 +40,10 @@ analyses and one job), where the broadcast bitmaps cost the same at any count: t
 BITMAP_WORDS = 4_000_000
 """Up to this many 64-bit words (32 MB) of plain bitmaps in one scan, deleted rows are dropped by bitmap; beyond it,
 by the side table. A file's bitmap reaches its last deleted row: 15,625 words for a million rows."""
-_BITMAP_COL = "__delta_dv_bitmap"
-_BITMAP_FILE_COL = "__delta_dv_bitmap_file"
-_LAST_DELETED_COL = "__delta_dv_last"
-_WORD_COL = "__delta_dv_word"
+_BITMAP_COL = internal_column("dv_bitmap")
+_BITMAP_FILE_COL = internal_column("dv_bitmap_file")
+_LAST_DELETED_COL = internal_column("dv_last")
+_WORD_COL = internal_column("dv_word")
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
@@ -56,8 +57,8 @@ def live_rows(
     stored: Callable[[], DataFrame],
     read_together: bool,
 ) -> DataFrame:
-    """The rows of ``files`` (each with a deletion vector) that their vectors keep, with ``_file_name_`` and
-    ``_row_index_``. ``stored``: the files' rows as stored, each file read on its own where few, with those
+    """The rows of ``files`` (each with a deletion vector) that their vectors keep, with ``FILE_NAME_COL`` and
+    ``ROW_INDEX_COL``. ``stored``: the files' rows as stored, each file read on its own where few, with those
     columns; ``read_together``: whether bitmaps may read the files in one read of their own (a scan with row
     tracking needs the stored read's columns)."""
     vectors = []
@@ -75,7 +76,7 @@ def live_rows(
 
 
 def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
-    """``scan`` (with ``_file_name_`` and ``_row_index_``) without the rows the files' deletion vectors delete."""
+    """``scan`` (with ``FILE_NAME_COL`` and ``ROW_INDEX_COL``) without the rows the files' deletion vectors delete."""
     total = sum(len(rows) for _, rows in vectors)
     if total == 0:
         return scan
@@ -139,14 +140,11 @@ def _drop_by_bitmaps_in_one_read(
     if not all(PLAIN_PATH.fullmatch(p) for p in local):
         return None
     read_schema, data_columns = read_columns(snapshot.spark_schema, snapshot.configuration)
-    scan = (
-        spark.read.schema(read_schema)
-        .parquet(*(spark_read_path(p) for p in local))
-        .select(
-            *data_columns,
-            F.col("_metadata.file_path").alias(LOCAL_PATH_COL),
-            F.col("_metadata.row_index").alias(ROW_INDEX_COL),
-        )
+    read = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
+    scan = read.select(
+        *data_columns,
+        file_metadata(read).getField("file_path").alias(LOCAL_PATH_COL),
+        file_metadata(read).getField("row_index").alias(ROW_INDEX_COL),
     )
     bitmaps = _bitmaps_table(["file:" + p for p in local], vectors).append_column(
         FILE_NAME_COL, pa.array([add.path for add in files], pa.string())

@@ -13,8 +13,9 @@ from engine.delta import row_tracking as rt
 from engine.delta.actions import AddFile
 from engine.delta.column_mapping import read_columns
 from engine.delta.errors import DeltaError
+from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
-from engine.delta.paths import SPARK_FILE_PATH_TO_LOCAL_SQL, spark_read_path
+from engine.delta.paths import spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
@@ -24,12 +25,14 @@ from engine.delta.scan_columns import (
     ROW_INDEX_COL,
     FileColumns,
     checked_file_name,
+    file_metadata,
+    local_file_path,
 )
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
 
-_BASE_ROW_ID_COL = "__delta_base_row_id"
-_DEFAULT_ROW_COMMIT_VERSION_COL = "__delta_default_row_commit_version"
+_BASE_ROW_ID_COL = internal_column("base_row_id")
+_DEFAULT_ROW_COMMIT_VERSION_COL = internal_column("default_row_commit_version")
 
 
 def scan_with_row_tracking(
@@ -61,8 +64,8 @@ def scan_with_row_tracking(
         *data_columns,
         F.col(quote_identifier(row_id_name)),
         F.col(quote_identifier(version_name)),
-        F.expr(SPARK_FILE_PATH_TO_LOCAL_SQL.format(col="_metadata.file_path")).alias(LOCAL_PATH_COL),
-        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+        local_file_path(data).alias(LOCAL_PATH_COL),
+        file_metadata(data).getField("row_index").alias(ROW_INDEX_COL),
     )
     joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")
     tracking = _stable_row_columns(row_id_name, version_name)

@@ -31,6 +31,7 @@ from engine.delta.column_mapping import (
 )
 from engine.delta.constraints import Constraint, table_constraints
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
+from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier, quote_path
 from engine.delta.paths import encode_log_path, parse_partition_dir
 from engine.delta.snapshot import Snapshot
@@ -39,7 +40,7 @@ from engine.delta.values import field_at, normalize_partition_text, strip_nullab
 
 CHANGE_DATA_DIR = "_change_data"
 CHANGE_TYPE_COL = "_change_type"
-CDC_PARTITION_COL = "__is_cdc"
+CDC_PARTITION_COL = internal_column("is_cdc")
 CDC_RESERVED_COLUMNS = (CHANGE_TYPE_COL, "_commit_version", "_commit_timestamp")
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 NOT_NULL_MARKER = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
@@ -388,11 +389,12 @@ def write_data_and_cdc_files(
     materialized_row_tracking: bool = False,
 ) -> tuple[list[AddFile], list[AddCDCFile]]:
     """Write table rows and Change Data Feed rows in one Spark write: ``df`` has the table's columns plus
-    ``_change_type``, NULL on the rows of the new table version. Delta's own ``__is_cdc`` partition: the rows
-    are split by it as the first partition column, then the change files move to ``_change_data/<write_id>/``
-    and the data files up to ``<write_id>/``. The data files keep the all-NULL ``_change_type`` column, as
-    Delta's do; readers skip columns outside the table schema (the materialized row tracking columns with
-    ``materialized_row_tracking`` too). Answers the ``add`` and ``cdc`` actions."""
+    ``_change_type``, NULL on the rows of the new table version. Delta's own ``__is_cdc`` partition (here
+    ``CDC_PARTITION_COL``, under the internal prefix): the rows are split by it as the first partition column,
+    then the change files move to ``_change_data/<write_id>/`` and the data files up to ``<write_id>/``. The data
+    files keep the all-NULL ``_change_type`` column, as Delta's do; readers skip columns outside the table schema
+    (the materialized row tracking columns with ``materialized_row_tracking`` too). Answers the ``add`` and
+    ``cdc`` actions."""
     _check_write_id(write_id)
     target = _resolve_schema(snapshot, schema)
     check_no_reserved_cdc_columns(target)

@@ -94,7 +94,7 @@ def test_scan_files_equals_deltalake_read(spark: SparkSession, typed_table: Path
     )
     assert _arrow_rows(result) == _arrow_rows(expected)
 
-    # _file_name_ is the log path and _row_index_ the position in that file: reading the file alone agrees.
+    # FILE_NAME_COL is the log path and ROW_INDEX_COL the position in that file: reading the file alone agrees.
     paths = {f.path: f for f in snapshot.files}
     assert set(result.column(FILE_NAME_COL).to_pylist()) == set(paths)
     some = next(f for f in snapshot.files if f.stats and f.stats.num_records and f.stats.num_records > 1)
@@ -171,7 +171,7 @@ def test_spark_does_not_add_partition_columns_itself(spark: SparkSession, lake: 
 
 @pytest.mark.parametrize("partitioned", [False, True])
 def test_file_paths_map_back_to_files(spark: SparkSession, lake: Path, partitioned: bool) -> None:
-    """``_file_path_`` is the reader's own name of a row's file (a ``file:`` URI with escapes for a plain
+    """``FILE_PATH_COL`` is the reader's own name of a row's file (a ``file:`` URI with escapes for a plain
     table, the log path for a partitioned one): ``files_at_paths`` maps every value back, under a root with
     characters URIs escape, and refuses a path outside the files asked for."""
     root = lake / f"paths {partitioned} é+#?{{x}}"

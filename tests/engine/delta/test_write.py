@@ -29,7 +29,7 @@ from engine.delta import (
 )
 from engine.delta.errors import InvalidWriteError, InvariantViolationError, WriteSchemaMismatchError
 from engine.delta.stats import truncate_max_string, truncate_min_string
-from engine.delta.write import _list_written
+from engine.delta.write import CDC_PARTITION_COL, _list_written
 
 from .util import sorted_rows, write_log_entry
 
@@ -405,7 +405,7 @@ def test_change_data_files_read_by_deltalake(spark: SparkSession, lake: Path) ->
 
 def test_data_and_change_rows_in_one_write(spark: SparkSession, lake: Path) -> None:
     """Delta's __is_cdc split: one Spark write gives data files under the write's folder and change files under
-    _change_data/, each with its partition values, and no __is_cdc folder is left."""
+    _change_data/, each with its partition values, and no folder of its partition column is left."""
     table = lake / "cdf-one-pass"
     write_deltalake(
         str(table),
@@ -424,8 +424,8 @@ def test_data_and_change_rows_in_one_write(spark: SparkSession, lake: Path) -> N
     assert all(a.path.startswith(f"m1/p={a.partition_values['p']}/") for a in adds)
     assert sorted(c.partition_values["p"] for c in cdcs) == ["a", "b", "c"]
     assert all(c.path.startswith(f"_change_data/m1/p={c.partition_values['p']}/") for c in cdcs)
-    assert not [d for d in os.listdir(table / "m1") if d.startswith("__is_cdc")]
-    assert not list((table / "_change_data" / "m1").glob("**/__is_cdc*"))
+    assert not [d for d in os.listdir(table / "m1") if d.startswith(CDC_PARTITION_COL)]
+    assert not list((table / "_change_data" / "m1").glob(f"**/{CDC_PARTITION_COL}*"))
     version = Transaction(snapshot).commit(
         [*[f.to_remove() for f in snapshot.files], *adds, *cdcs],
         operation="MERGE",
