@@ -349,18 +349,23 @@ def _check_clause_rules(body: StructuredMergeIn) -> None:
 
 def _check_rows(spec: Any) -> None:
     """Inline rows are converted now (typed by their schema, or inferred without one), so a value that does not
-    fit is a 422, not a failed job."""
+    fit, or a column the engine reserves, is a 422, not a failed job."""
     source = spec.source
     if not isinstance(source, engine.RowsSource):
         return
     try:
-        engine.rows_to_arrow(source.rows, source.schema)
+        table = engine.rows_to_arrow(source.rows, source.schema)
     except engine_errors.SourceRowError as exc:
         field = f"source.rows[{exc.row}]" + (f".{exc.column}" if exc.column else "")
         raise RequestValidationProblem(field, _in_source(exc), title=exc.title) from exc
     except engine_errors.SourceError as exc:
         field = f"source.{exc.field}" if exc.field else "source"
         raise RequestValidationProblem(field, _in_source(exc), title=exc.title) from exc
+    field = "source.schema" if source.schema is not None else "source.rows"
+    try:
+        engine.check_no_internal_columns(field, table.column_names)
+    except engine_errors.MergeSpecError as exc:
+        raise RequestValidationProblem(field, str(exc), title=exc.title) from exc
 
 
 def _in_source(exc: engine_errors.SourceError) -> str:

@@ -57,3 +57,22 @@ def test_a_key_spark_cannot_read_is_422_naming_it(client: TestClient, target: st
     problem = response.json()
     assert [e["field"] for e in problem["errors"]] == ["when_matched[0].set.a`b"]
     assert "backtick" in problem["detail"]
+
+
+@pytest.mark.parametrize(
+    ("source", "field"),
+    [
+        ({"rows": [{"id": 1, "__merge_service_row_dropped": True}]}, "source.rows"),
+        ({"rows": [], "schema": "id BIGINT, __MERGE_SERVICE_x STRING"}, "source.schema"),
+    ],
+)
+def test_a_source_column_under_the_internal_prefix_is_422_naming_it(
+    client: TestClient, target: str, source: dict[str, Any], field: str
+) -> None:
+    response = client.post("/merges", json=body(target, source=source, when_matched=[{"action": "delete"}]))
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith(PROBLEM)
+    problem = response.json()
+    assert problem["type"] == "urn:merge-service:problem:invalid-merge"
+    assert [e["field"] for e in problem["errors"]] == [field]
+    assert problem["detail"].startswith(f"{field}: column `") and "'__merge_service_'" in problem["detail"]
