@@ -17,7 +17,7 @@ from pyspark.sql.types import (
 )
 from sqlglot import exp
 
-from engine import delta
+from engine import delta, streamed_source
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot, row_tracking
 from engine.delta.identity import with_high_water_marks
@@ -183,6 +183,7 @@ class MergeIntoCommand:
             cdc_enabled=bool(snapshot.cdf_enabled),
             key_exprs=key_exprs,
             source_rows_estimate=self._source_rows_estimate(),
+            source_splits=self._source_splits(),
             source_key_ranges=dict(self._source_keys.ranges),
             write_deletion_vectors=writes_deletion_vectors(spec, snapshot),
             row_tracking_columns=row_tracking.materialized_columns(snapshot.protocol, snapshot.metadata),
@@ -230,6 +231,15 @@ class MergeIntoCommand:
         if isinstance(source, TableSource) and source.format == "delta":
             return delta.known_num_records(self._source_snapshot().files)
         return None
+
+    def _source_splits(self) -> int | None:
+        """The row groups of a Delta source large enough for ``spread_streamed_source`` to ask."""
+        source = self.spec.source
+        if not (isinstance(source, TableSource) and source.format == "delta"):
+            return None
+        if not streamed_source.is_large(self._source_rows_estimate()):
+            return None
+        return delta.row_group_count(self._source_snapshot())
 
     # --- the commit ----------------------------------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ class MergeContext:
     touched_files: list[AddFile] = field(default_factory=list)
     source_rows_estimate: int | None = None
     """Source rows known before any Spark job (inline rows, a Delta source's statistics); None if unknown."""
+    source_splits: int | None = None
+    """The row groups of a large Delta source with few files (``engine.streamed_source``); None if not read."""
     matched_source_keys: tuple[DataFrame, KeyedOn] | None = None
     """The source keys some target row matched (cached by findTouchedFiles), as ``_key_<i>_`` columns."""
     source_key_ranges: dict[str, tuple[Any, Any]] = field(default_factory=dict)

@@ -40,6 +40,7 @@ from engine.output import MATCHED_DELETE
 from engine.single_pass import touches_every_match
 from engine.source_key_filter import keep_rows_of_source_keys, source_key_filter
 from engine.spark import Observation, static_plan
+from engine.streamed_source import spread_streamed_source
 from engine.write_files import record_write_metrics
 
 _DELETED_ROWS = internal_column("deleted_row_indexes")
@@ -210,20 +211,23 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         spec = ctx.spec
         source_rows = ctx.source_rows
         target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files, columns=columns)
+        keys = source_key_filter(ctx) if one_scan else None
+        broadcast_source = keys is None and bool(spec.not_matched) and source_fits_broadcast(ctx, source_rows, files)
+        # Unless it is broadcast, the source streams into the join (or is shuffled to it by its keys).
+        streamed = source if broadcast_source else spread_streamed_source(ctx, source)
         second_scan = Observation("secondScan")
-        counted = observe(source, second_scan, F.count(F.lit(1)).alias("rows"))
+        counted = observe(streamed, second_scan, F.count(F.lit(1)).alias("rows"))
         s, t, on = spec.source_alias, spec.target_alias, ctx.resolved.on
         # A target row no source row matches is copied unless a NOT MATCHED BY SOURCE clause may change it, and a
         # copied row stays where it is: only the rows a clause may act on are joined, so a small source is
         # broadcast instead of every row of the touched files being shuffled, cached and aggregated.
         keeps_target = bool(spec.not_matched_by_source)
-        keys = source_key_filter(ctx) if one_scan else None
         if keys is not None:
             # The one scan holds no unmatched target row: the target rows the source's keys cannot match go in the
             # scan, and both small sides are joined whole.
             how = "left_outer" if spec.not_matched else "inner"
             joined = counted.alias(s).join(keep_rows_of_source_keys(ctx, target, keys).alias(t), on, how)
-        elif spec.not_matched and source_fits_broadcast(ctx, source_rows, files):
+        elif broadcast_source:
             # The target rows stream past the broadcast source instead of being shuffled to meet it. (With ON's key
             # equalities the one scan sends only the source's keys instead: source_key_filter.)
             joined = self._broadcast_join_for_write(

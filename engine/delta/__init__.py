@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from engine.delta.file_stats import FileStats
     from engine.delta.names import ColumnPathError, parse_column_path, quote_identifier, quote_path
     from engine.delta.paths import ReadScope
+    from engine.delta.row_groups import row_group_count
     from engine.delta.scan import (
         FILE_NAME_COL,
         FILE_PATH_COL,
@@ -75,6 +76,7 @@ _EXPORTS = {
     "quote_identifier": "engine.delta.names",
     "quote_path": "engine.delta.names",
     "ReadScope": "engine.delta.paths",
+    "row_group_count": "engine.delta.row_groups",
     "FILE_NAME_COL": "engine.delta.scan",
     "FILE_PATH_COL": "engine.delta.scan",
     "ROW_INDEX_COL": "engine.delta.scan",
@@ -135,6 +137,7 @@ __all__ = [
     "prune_files",
     "quote_identifier",
     "quote_path",
+    "row_group_count",
     "scan_files",
     "scan_files_with_path",
     "target_partitions",
