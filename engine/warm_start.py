@@ -71,23 +71,27 @@ def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> 
     rounds: list[float] = []
     base = scratch / f"warm-up-{uuid.uuid4().hex}"
     try:
-        targets = []
         for deletion_vectors in (False, True):
-            target = base / ("dv" if deletion_vectors else "cow")
-            write_deltalake(str(target), pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=_SCHEMA))
-            if deletion_vectors:
-                add_features(target, ["deletionVectors"])
-                DeltaTable(str(target)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+            target = _small_table(base / ("dv" if deletion_vectors else "cow"), deletion_vectors)
             result = run_merge(spark, _upsert(target, deletion_vectors, _ROWS)).result
             if (result["num_updated_rows"], result["num_inserted_rows"]) != (1, 1):
                 raise MergeExecutionError(f"The warm-up merge answered {result}, not one update and one insert.")
-            targets.append(target)
-        _warm_the_jit(spark, targets, start + max_seconds, rounds)
+        _warm_the_jit(spark, base, start + max_seconds, rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         with contextlib.suppress(OSError):
             scratch.rmdir()  # only when no other worker's warm-up is using it
     return WarmUp(seconds=time.monotonic() - start, rounds=tuple(rounds))
+
+
+def _small_table(path: Path, deletion_vectors: bool) -> Path:
+    """A fresh table of three rows at ``path``, with deletion vectors enabled when asked."""
+    shutil.rmtree(path, ignore_errors=True)
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=_SCHEMA))
+    if deletion_vectors:
+        add_features(path, ["deletionVectors"])
+        DeltaTable(str(path)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+    return path
 
 
 def still_warming(rounds: list[float]) -> bool:
@@ -98,17 +102,20 @@ def still_warming(rounds: list[float]) -> bool:
     return min(rounds[-WARM_UP_PATIENCE:]) <= min(rounds[:-WARM_UP_PATIENCE]) * WARM_UP_GAIN
 
 
-def _warm_the_jit(spark: SparkSession, targets: list[Path], deadline: float, rounds: list[float]) -> None:
+def _warm_the_jit(spark: SparkSession, base: Path, deadline: float, rounds: list[float]) -> None:
     """Rounds of the two shapes of a small upsert, appended to ``rounds``, while ``still_warming`` and before the
-    deadline. The JIT compiles by how often a path runs, so the rounds are cheap and many; a round's time counts
-    its two copy-on-write merges only, so that rounds compare."""
-    cow, dv = targets
+    deadline. The JIT compiles by how often a path runs, so the rounds are cheap and many: each round merges into
+    tables of three rows made for it (a table that kept every round's commits and files would make each round
+    slower than the last, and its rounds would not compare). A round's time counts its two copy-on-write merges
+    only."""
     key = 100
     while time.monotonic() < deadline and still_warming(rounds):
         key += 1
+        cow = _small_table(base / "cow", False)
         began = time.monotonic()
         run_merge(spark, _upsert(cow, False, [{"id": 2, "v": f"w{key}"}]))  # a match: the single pass
         run_merge(spark, _upsert(cow, False, [{"id": key, "v": "w"}]))  # a new key past every file
         rounds.append(time.monotonic() - began)
         if len(rounds) % DV_ROUND_EVERY == 0:
+            dv = _small_table(base / "dv", True)
             run_merge(spark, _upsert(dv, True, [{"id": 2, "v": f"w{key}"}, {"id": -key, "v": "w"}]))  # on read

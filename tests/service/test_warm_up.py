@@ -9,11 +9,11 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from structlog.testing import capture_logs
 
 import engine
-from engine.warm_start import WARM_UP_GAIN, WARM_UP_PATIENCE, still_warming
+from engine.warm_start import WARM_UP_GAIN, WARM_UP_PATIENCE, _small_table, still_warming
 from service.jobs import NewJob, Status
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
@@ -128,6 +128,21 @@ def test_the_engine_warm_up_merges_both_ways(spark: object, tmp_path: Path) -> N
     assert done.seconds > 0
     assert done.rounds == ()  # no time given for the JIT's rounds: the first merges only
     assert not (tmp_path / "scratch").exists()
+
+
+def test_each_round_starts_from_a_fresh_table_of_three_rows(tmp_path: Path) -> None:
+    """A round merges into a table made for it, so that rounds do the same work: a table left by the round before
+    (with its files and commits) is replaced, not merged on."""
+    path = tmp_path / "cow"
+    write_deltalake(str(path), pa.table({"id": [7], "v": ["old"]}))
+    write_deltalake(str(path), pa.table({"id": [8], "v": ["old"]}), mode="append")
+    for deletion_vectors in (False, True):
+        table = DeltaTable(str(_small_table(path, deletion_vectors)))
+        assert table.version() == (2 if deletion_vectors else 0)  # created, then the feature and the property
+        rows = QueryBuilder().register("t", table).execute("SELECT id FROM t ORDER BY id").read_all()
+        assert pa.table(rows)["id"].to_pylist() == [1, 2, 3]
+        assert (table.metadata().configuration.get("delta.enableDeletionVectors") == "true") is deletion_vectors
+        assert ("deletionVectors" in (table.protocol().writer_features or [])) is deletion_vectors
 
 
 def test_the_jit_rounds_go_on_while_a_recent_round_was_clearly_the_best() -> None:
