@@ -1,14 +1,15 @@
 """Dropping the rows a file's deletion vector deletes from a scan (PROTOCOL.md "Reader Requirements for Deletion
 Vectors"), by Parquet row index: a plan-inline ``row_index IN (...)`` per file while the scan's vectors hold few rows
 (Spark turns each list into a hash set); beyond that each file's vector as a plain bitmap (an array of longs, one bit
-a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions of rows, met by the reader's
-own path where Spark reports it verbatim (one file's bitmap crossed with its own read); and for vectors wider still
+a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions of rows, met by the file's
+size where Spark reports its path verbatim (one file's bitmap crossed with its own read); and for vectors wider still
 an anti-join with a side table of (file number, row index) built from Arrow. A side table of many rows is slow:
 Spark Connect carries it in every plan built on the scan, and converts it at every analysis (about 2 s per 100,000
 rows)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -44,6 +45,8 @@ _BITMAP_COL = internal_column("dv_bitmap")
 _BITMAP_FILE_COL = internal_column("dv_bitmap_file")
 _LAST_DELETED_COL = internal_column("dv_last")
 _WORD_COL = internal_column("dv_word")
+_BITMAP_SIZE_COL = internal_column("dv_bitmap_size")
+_LOCAL_SIZE_COL = internal_column("dv_local_size")
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
@@ -130,10 +133,12 @@ def _word_count(rows: BitMap64) -> int:
 def _drop_by_bitmaps_in_one_read(
     spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], vectors: Sequence[tuple[str, BitMap64]]
 ) -> DataFrame | None:
-    """An unpartitioned table's files read together, each row joined to its file's bitmap by the reader's own
-    path: reading the files one by one (to name each by a literal) costs some 25 ms a file in planning and
-    tasks, and the join by the reader's path needs no new string per row. The row's log path comes from the
-    bitmap's row. None: a file's path is not one Spark reports verbatim, or the table has partition columns."""
+    """An unpartitioned table's files read together, each row joined to its file's bitmap: reading the files one
+    by one (to name each by a literal) costs some 25 ms a file in planning and tasks. The join's key is the file's
+    size (``_metadata.file_size``): a join by the reader's path hashes that string for every row, over a quarter of
+    a full scan's time. Only the rows of files whose size another of them shares are keyed by a hash of their path.
+    Each row's path is then checked against its bitmap's, and its log path comes from the bitmap's row. None: a
+    file's path is not one Spark reports verbatim, or the table has partition columns."""
     if snapshot.partition_columns:
         return None
     local = [snapshot.file_path(add) for add in files]
@@ -141,22 +146,39 @@ def _drop_by_bitmaps_in_one_read(
         return None
     read_schema, data_columns = read_columns(snapshot.spark_schema, snapshot.configuration)
     read = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
+    metadata = file_metadata(read)
     scan = read.select(
         *data_columns,
-        file_metadata(read).getField("file_path").alias(LOCAL_PATH_COL),
-        file_metadata(read).getField("row_index").alias(ROW_INDEX_COL),
+        metadata.getField("file_path").alias(LOCAL_PATH_COL),
+        metadata.getField("row_index").alias(ROW_INDEX_COL),
+        metadata.getField("file_size").alias(_LOCAL_SIZE_COL),
     )
-    bitmaps = _bitmaps_table(["file:" + p for p in local], vectors).append_column(
-        FILE_NAME_COL, pa.array([add.path for add in files], pa.string())
+    bitmaps = (
+        _bitmaps_table(["file:" + p for p in local], vectors)
+        .append_column(FILE_NAME_COL, pa.array([add.path for add in files], pa.string()))
+        .append_column(_BITMAP_SIZE_COL, pa.array([add.size for add in files], pa.int64()))
     )
-    on = F.col(LOCAL_PATH_COL) == F.col(_BITMAP_FILE_COL)
+    shared = sorted(size for size, count in Counter(add.size for add in files).items() if count > 1)
+    on = _file_key(_LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == _file_key(_BITMAP_SIZE_COL, _BITMAP_FILE_COL, shared)
     joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="left")
+    # No bitmap, or another file's (a key shared by chance): the query fails rather than keep a deleted row.
+    unmet = F.col(_BITMAP_FILE_COL).isNull() | (F.col(LOCAL_PATH_COL) != F.col(_BITMAP_FILE_COL))
     unmapped = F.raise_error(
-        F.concat(F.lit(f"[{UNMAPPED_MARKER}] scanned file not in the request: "), F.col(LOCAL_PATH_COL))
+        F.concat(
+            F.lit(f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "),
+            F.col(LOCAL_PATH_COL),
+        )
     )
-    kept = _with_word(joined).where(F.when(F.col(_BITMAP_FILE_COL).isNull(), unmapped).otherwise(_kept_by_word()))
+    kept = _with_word(joined).where(F.when(unmet, unmapped).otherwise(_kept_by_word()))
     table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
     return kept.select(*table_columns, F.col(FILE_NAME_COL), F.col(ROW_INDEX_COL))
+
+
+def _file_key(size: str, path: str, shared: Sequence[int]) -> Column:
+    """A file's join key: its size, or a hash of its path where its size is one of ``shared``."""
+    if not shared:
+        return F.col(size)
+    return F.when(F.col(size).isin(list(shared)), F.xxhash64(F.col(path))).otherwise(F.col(size))
 
 
 def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:

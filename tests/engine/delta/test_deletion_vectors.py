@@ -7,6 +7,7 @@ import json
 import struct
 import uuid
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -45,6 +46,7 @@ from engine.delta.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
+from engine.delta.scan_columns import UNMAPPED_MARKER
 from engine.errors import ConcurrentDeleteDeleteError, ConcurrentDeleteReadError
 
 from .dv_tables import delete_rows, enable_deletion_vectors, file_paths, read_with_deltalake
@@ -347,6 +349,56 @@ def test_one_files_bitmap_meets_its_own_read(
     alone = [f for f in snapshot.files if f.path == files[0]]
     assert scan_files(spark, snapshot, alone, file_columns=False).count() == 292
     assert read_together == []
+
+
+def test_files_of_one_size_meet_their_bitmaps_in_the_same_read(
+    spark: SparkSession, lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files read together meet their bitmaps by size; two files of the same size meet theirs by a hash of their
+    path in the same read. Every file loses exactly its deleted rows and keeps its log path and row indexes."""
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0)
+    reads: list[bool] = []
+    in_one_read = scan_deleted_rows._drop_by_bitmaps_in_one_read
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        read = in_one_read(*args, **kwargs)
+        reads.append(read is not None)
+        return read
+
+    monkeypatch.setattr(scan_deleted_rows, "_drop_by_bitmaps_in_one_read", recorded)
+    path = lake / "sizes"
+    write_deltalake(str(path), _rows(100, 40))
+    write_deltalake(str(path), _rows(100, 40), mode="append")  # the same rows: the same size
+    write_deltalake(str(path), _rows(300, 7), mode="append")
+    write_deltalake(str(path), _rows(400, 90), mode="append")
+    enable_deletion_vectors(path)
+    files = file_paths(path)  # 90 rows, the two of 40, then 7
+    sizes = {f.path: f.size for f in load_snapshot(path).files}
+    assert sizes[files[1]] == sizes[files[2]] and len(set(sizes.values())) == 3
+    delete_rows(path, {files[0]: range(0, 90, 3), files[1]: [0, 39], files[2]: [5], files[3]: [6]})
+    snapshot = load_snapshot(path)
+    expected = read_with_deltalake(path).column("id").to_pylist()
+    assert len(expected) == 177 - 34
+    named = scan_files(spark, snapshot, snapshot.files).collect()
+    assert sorted(r["id"] for r in named) == sorted(expected)
+    for r in named:
+        assert pq.read_table(path / r[FILE_NAME_COL]).column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
+    assert {r[FILE_NAME_COL] for r in named} == set(files)
+    assert reads == [True]
+
+
+def test_a_file_of_another_size_than_its_log_entry_fails_the_scan(
+    spark: SparkSession, lake: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose size is not the one its log entry gives meets no bitmap: the scan fails, naming the file,
+    rather than passing its deleted rows."""
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", 0)
+    path, files = _dv_table(lake)
+    delete_rows(path, {files[0]: [0, 4, 9], files[1]: [3]})
+    snapshot = load_snapshot(path)
+    wrong = [replace(f, size=f.size + 1) if f.path == files[0] else f for f in snapshot.files]
+    with pytest.raises(Exception, match=UNMAPPED_MARKER):
+        scan_files(spark, snapshot, wrong, file_columns=False).collect()
 
 
 def test_bitmaps_of_files_at_paths_spark_rewrites_are_applied_file_by_file(
