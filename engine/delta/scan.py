@@ -27,12 +27,14 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile
 from engine.delta.column_mapping import is_mapped, read_columns
 from engine.delta.errors import DeltaError
+from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
     LOCAL_PATH_COL,
+    LOCAL_SIZE_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
     ROW_INDEX_COL,
@@ -40,13 +42,19 @@ from engine.delta.scan_columns import (
     UNMAPPED_MARKER,
     FileColumns,
     checked_file_name,
+    file_key,
     file_metadata,
     local_file_path,
+    shared_sizes,
+    unmapped_file,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
+
+_MAPPED_PATH_COL = internal_column("mapped_path")
+_MAPPED_SIZE_COL = internal_column("mapped_size")
 
 PER_FILE_SCAN_FILES = 32
 """Up to this many files with deletion vectors, their scan reads each file on its own and gives it its log path as
@@ -232,8 +240,8 @@ def _scan_by_mapped_paths(
     data_schema: T.StructType,
     file_columns: FileColumns,
 ) -> DataFrame:
-    """The files' rows joined with a broadcast mapping from each file's path to its log path and partition
-    values."""
+    """The files' rows joined with a broadcast mapping from each file to its log path and partition values: by the
+    file's size (``file_key``) where Spark reports the paths verbatim, else by the path it reports, decoded."""
     schema = snapshot.spark_schema
     mapping_rows = []
     for add in unique:
@@ -243,32 +251,45 @@ def _scan_by_mapped_paths(
                 snapshot.file_path(add),
                 add.path,
                 *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+                add.size,
             )
         )
+    plain = all(PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows)
     mapping_schema = T.StructType(
         [
-            T.StructField(LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(_MAPPED_PATH_COL if plain else LOCAL_PATH_COL, T.StringType(), False),
             T.StructField(FILE_NAME_COL, T.StringType(), False),
             *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+            T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
         ]
     )
 
     _, read_schema, data_columns = _data_columns(snapshot, data_schema)
     data = spark.read.schema(read_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
-    if all(PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows):
-        # Spark reports such paths verbatim as ``file:<path>``: joining on the raw column spares decoding every
-        # row (a regex, a replace and a URL-decode per row cost more than reading the file).
+    metadata = file_metadata(data)
+    if plain:
+        # Spark reports such paths verbatim as ``file:<path>``: comparing the raw column spares decoding every row
+        # (a regex, a replace and a URL-decode per row cost more than reading the file).
         mapping_rows = [("file:" + row[0], *row[1:]) for row in mapping_rows]
-        local_path = file_metadata(data).getField("file_path")
+        local_path = metadata.getField("file_path")
     else:
         local_path = local_file_path(data)
     data = data.select(
         *data_columns,
         local_path.alias(LOCAL_PATH_COL),
-        file_metadata(data).getField("row_index").alias(ROW_INDEX_COL),
+        metadata.getField("row_index").alias(ROW_INDEX_COL),
+        *([metadata.getField("file_size").alias(LOCAL_SIZE_COL)] if plain else []),
     )
-    mapping = spark.createDataFrame(mapping_rows, mapping_schema)
-    joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")
+    mapping = F.broadcast(spark.createDataFrame(mapping_rows, mapping_schema))
+    if plain:
+        shared = shared_sizes(add.size for add in unique)
+        on = file_key(LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == file_key(_MAPPED_SIZE_COL, _MAPPED_PATH_COL, shared)
+        unmet = F.col(_MAPPED_PATH_COL).isNull() | (F.col(LOCAL_PATH_COL) != F.col(_MAPPED_PATH_COL))
+        joined = data.join(mapping, on, how="left").where(
+            F.when(unmet, unmapped_file(F.col(LOCAL_PATH_COL))).otherwise(F.lit(True))
+        )
+    else:
+        joined = data.join(mapping, on=LOCAL_PATH_COL, how="left")
     checked_name = checked_file_name()
     table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
     if file_columns == "none":

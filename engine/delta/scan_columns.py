@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from pyspark.sql import Column, DataFrame
@@ -18,6 +20,7 @@ ROW_ID_COL = internal_column("row_id")
 ROW_COMMIT_VERSION_COL = internal_column("row_commit_version")
 ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
 LOCAL_PATH_COL = internal_column("local_path")
+LOCAL_SIZE_COL = internal_column("local_size")
 UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
 
 FileColumns = Literal["name_and_row_index", "path", "none"]
@@ -44,3 +47,25 @@ def local_file_path(read: DataFrame) -> Column:
     ``+`` is literal in those URIs, but ``url_decode`` would read it as a space."""
     uri = file_metadata(read).getField("file_path")
     return F.url_decode(F.replace(F.regexp_replace(uri, "^file:(//)?", ""), F.lit("+"), F.lit("%2B")))
+
+
+def shared_sizes(sizes: Iterable[int]) -> list[int]:
+    """The sizes that more than one of the files have."""
+    return sorted(size for size, count in Counter(sizes).items() if count > 1)
+
+
+def file_key(size: str, path: str, shared: Sequence[int]) -> Column:
+    """The key a row of a plain read meets its file's row of a per-file table by: the file's size (a long Spark
+    fills in once per file, cheap to hash; hashing the reader's path instead costs every row over a quarter of a
+    full scan's time), or a hash of the path where the size is one of ``shared``. The same expression over the
+    per-file table's own size and path gives its side. Keys may still meet by chance: the joined rows must check
+    the path."""
+    if not shared:
+        return F.col(size)
+    return F.when(F.col(size).isin(list(shared)), F.xxhash64(F.col(path))).otherwise(F.col(size))
+
+
+def unmapped_file(path: Column) -> Column:
+    """Fails the query for a row of a file the scan did not ask for, or met with another file's row."""
+    message = f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "
+    return F.raise_error(F.concat(F.lit(message), path))

@@ -9,7 +9,6 @@ rows)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -25,7 +24,16 @@ from engine.delta.deletion_vectors import read_deletion_vector
 from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
-from engine.delta.scan_columns import FILE_NAME_COL, LOCAL_PATH_COL, ROW_INDEX_COL, UNMAPPED_MARKER, file_metadata
+from engine.delta.scan_columns import (
+    FILE_NAME_COL,
+    LOCAL_PATH_COL,
+    LOCAL_SIZE_COL,
+    ROW_INDEX_COL,
+    file_key,
+    file_metadata,
+    shared_sizes,
+    unmapped_file,
+)
 from engine.delta.snapshot import Snapshot
 
 _FILE_NUMBER_COL = internal_column("dv_file")
@@ -46,7 +54,6 @@ _BITMAP_FILE_COL = internal_column("dv_bitmap_file")
 _LAST_DELETED_COL = internal_column("dv_last")
 _WORD_COL = internal_column("dv_word")
 _BITMAP_SIZE_COL = internal_column("dv_bitmap_size")
-_LOCAL_SIZE_COL = internal_column("dv_local_size")
 
 BROADCAST_DELETED_ROWS = 4_000_000
 """Up to this many deleted rows the side table is broadcast (about 12 bytes a row), so the scan is not shuffled."""
@@ -151,34 +158,21 @@ def _drop_by_bitmaps_in_one_read(
         *data_columns,
         metadata.getField("file_path").alias(LOCAL_PATH_COL),
         metadata.getField("row_index").alias(ROW_INDEX_COL),
-        metadata.getField("file_size").alias(_LOCAL_SIZE_COL),
+        metadata.getField("file_size").alias(LOCAL_SIZE_COL),
     )
     bitmaps = (
         _bitmaps_table(["file:" + p for p in local], vectors)
         .append_column(FILE_NAME_COL, pa.array([add.path for add in files], pa.string()))
         .append_column(_BITMAP_SIZE_COL, pa.array([add.size for add in files], pa.int64()))
     )
-    shared = sorted(size for size, count in Counter(add.size for add in files).items() if count > 1)
-    on = _file_key(_LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == _file_key(_BITMAP_SIZE_COL, _BITMAP_FILE_COL, shared)
+    shared = shared_sizes(add.size for add in files)
+    on = file_key(LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == file_key(_BITMAP_SIZE_COL, _BITMAP_FILE_COL, shared)
     joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="left")
     # No bitmap, or another file's (a key shared by chance): the query fails rather than keep a deleted row.
     unmet = F.col(_BITMAP_FILE_COL).isNull() | (F.col(LOCAL_PATH_COL) != F.col(_BITMAP_FILE_COL))
-    unmapped = F.raise_error(
-        F.concat(
-            F.lit(f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "),
-            F.col(LOCAL_PATH_COL),
-        )
-    )
-    kept = _with_word(joined).where(F.when(unmet, unmapped).otherwise(_kept_by_word()))
+    kept = _with_word(joined).where(F.when(unmet, unmapped_file(F.col(LOCAL_PATH_COL))).otherwise(_kept_by_word()))
     table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
     return kept.select(*table_columns, F.col(FILE_NAME_COL), F.col(ROW_INDEX_COL))
-
-
-def _file_key(size: str, path: str, shared: Sequence[int]) -> Column:
-    """A file's join key: its size, or a hash of its path where its size is one of ``shared``."""
-    if not shared:
-        return F.col(size)
-    return F.when(F.col(size).isin(list(shared)), F.xxhash64(F.col(path))).otherwise(F.col(size))
 
 
 def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake import Transaction as RsTransaction
@@ -21,6 +24,7 @@ from engine.delta import (
     scan_files,
     scan_files_with_path,
 )
+from engine.delta.scan_columns import UNMAPPED_MARKER
 from engine.errors import DeltaError, TableNotFoundError
 
 from .conftest import typed_rows
@@ -99,7 +103,6 @@ def test_scan_files_equals_deltalake_read(spark: SparkSession, typed_table: Path
     assert set(result.column(FILE_NAME_COL).to_pylist()) == set(paths)
     some = next(f for f in snapshot.files if f.stats and f.stats.num_records and f.stats.num_records > 1)
     rows = [r for r in result.to_pylist() if r[FILE_NAME_COL] == some.path]
-    import pyarrow.parquet as pq
 
     on_disk = pq.read_table(some.absolute_path(snapshot.root)).column("id").to_pylist()
     assert sorted(r[ROW_INDEX_COL] for r in rows) == list(range(len(on_disk)))
@@ -169,6 +172,34 @@ def test_spark_does_not_add_partition_columns_itself(spark: SparkSession, lake: 
     assert sorted((r.id, r.day) for r in df.collect()) == [(1, dt.date(2024, 1, 1)), (2, None)]
 
 
+def test_partitioned_files_meet_their_log_entries_by_size(spark: SparkSession, lake: Path) -> None:
+    """A partitioned table's files meet their log paths and partition values by their size; two files of one size
+    (the same rows in two partitions) by a hash of their path, in the same join. A file whose size is not the one
+    its log entry gives fails the scan rather than take another file's partition values."""
+    path = str(lake / "parted_sizes")
+    rows = pa.table({"id": list(range(20)), "v": [f"v{i}" for i in range(20)]})
+    write_deltalake(path, rows.append_column("part", pa.array(["a"] * 20)), partition_by=["part"])
+    write_deltalake(path, rows.append_column("part", pa.array(["b"] * 20)), mode="append", partition_by=["part"])
+    more = pa.table({"id": [100, 101, 102], "v": ["x", "y", "z"], "part": ["c", "c", "c"]})
+    write_deltalake(path, more, mode="append", partition_by=["part"])
+    snapshot = load_snapshot(path)
+    assert len({f.size for f in snapshot.files}) == 2
+    for file_columns in (True, False):
+        result = scan_files(spark, snapshot, snapshot.files, file_columns=file_columns).toArrow()
+        assert _arrow_rows(result) == _arrow_rows(DeltaTable(path).to_pyarrow_table())
+    part_of = {f.path: f.partition_values["part"] for f in snapshot.files}
+    named = scan_files(spark, snapshot, snapshot.files).toArrow().to_pylist()
+    assert {r[FILE_NAME_COL] for r in named} == set(part_of)
+    for r in named:
+        assert part_of[r[FILE_NAME_COL]] == r["part"]
+        stored = pq.read_table(Path(path) / unquote(r[FILE_NAME_COL]), columns=["id"])
+        assert stored.column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
+    grown = [replace(f, size=f.size + 1) if f.partition_values["part"] == "c" else f for f in snapshot.files]
+    for file_columns in (True, False):
+        with pytest.raises(Exception, match=UNMAPPED_MARKER):
+            scan_files(spark, snapshot, grown, file_columns=file_columns).collect()
+
+
 @pytest.mark.parametrize("partitioned", [False, True])
 def test_file_paths_map_back_to_files(spark: SparkSession, lake: Path, partitioned: bool) -> None:
     """``FILE_PATH_COL`` is the reader's own name of a row's file (a ``file:`` URI with escapes for a plain
@@ -185,7 +216,6 @@ def test_file_paths_map_back_to_files(spark: SparkSession, lake: Path, partition
     assert result.column_names == [*[f.name for f in snapshot.spark_schema.fields], FILE_PATH_COL]
     paths = result.column(FILE_PATH_COL).to_pylist()
     assert [f.path for f in files_at_paths(snapshot, chosen, set(paths))] == [f.path for f in chosen]
-    import pyarrow.parquet as pq
 
     for path in set(paths):
         (add,) = files_at_paths(snapshot, chosen, [path])
