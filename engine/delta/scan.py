@@ -42,11 +42,9 @@ from engine.delta.scan_columns import (
     UNMAPPED_MARKER,
     FileColumns,
     checked_file_name,
-    file_key,
+    file_join,
     file_metadata,
     local_file_path,
-    shared_sizes,
-    unmapped_file,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
@@ -241,7 +239,7 @@ def _scan_by_mapped_paths(
     file_columns: FileColumns,
 ) -> DataFrame:
     """The files' rows joined with a broadcast mapping from each file to its log path and partition values: by the
-    file's size (``file_key``) where Spark reports the paths verbatim, else by the path it reports, decoded."""
+    file's size (``file_join``) where Spark reports the paths verbatim, else by the path it reports, decoded."""
     schema = snapshot.spark_schema
     mapping_rows = []
     for add in unique:
@@ -282,12 +280,8 @@ def _scan_by_mapped_paths(
     )
     mapping = F.broadcast(spark.createDataFrame(mapping_rows, mapping_schema))
     if plain:
-        shared = shared_sizes(add.size for add in unique)
-        on = file_key(LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == file_key(_MAPPED_SIZE_COL, _MAPPED_PATH_COL, shared)
-        unmet = F.col(_MAPPED_PATH_COL).isNull() | (F.col(LOCAL_PATH_COL) != F.col(_MAPPED_PATH_COL))
-        joined = data.join(mapping, on, how="left").where(
-            F.when(unmet, unmapped_file(F.col(LOCAL_PATH_COL))).otherwise(F.lit(True))
-        )
+        on, guard = file_join((add.size for add in unique), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
+        joined = data.join(mapping, on, how="left").where(guard.otherwise(F.lit(True)))
     else:
         joined = data.join(mapping, on=LOCAL_PATH_COL, how="left")
     checked_name = checked_file_name()

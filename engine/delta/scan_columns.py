@@ -49,23 +49,30 @@ def local_file_path(read: DataFrame) -> Column:
     return F.url_decode(F.replace(F.regexp_replace(uri, "^file:(//)?", ""), F.lit("+"), F.lit("%2B")))
 
 
-def shared_sizes(sizes: Iterable[int]) -> list[int]:
+def _shared_sizes(sizes: Iterable[int]) -> list[int]:
     """The sizes that more than one of the files have."""
     return sorted(size for size, count in Counter(sizes).items() if count > 1)
 
 
-def file_key(size: str, path: str, shared: Sequence[int]) -> Column:
-    """The key a row of a plain read meets its file's row of a per-file table by: the file's size (a long Spark
-    fills in once per file, cheap to hash; hashing the reader's path instead costs every row over a quarter of a
-    full scan's time), or a hash of the path where the size is one of ``shared``. The same expression over the
-    per-file table's own size and path gives its side. Keys may still meet by chance: the joined rows must check
-    the path."""
+def _file_key(size: str, path: str, shared: Sequence[int]) -> Column:
+    """The file's size (a long Spark fills in once per file, cheap to hash; hashing the reader's path instead costs
+    every row over a quarter of a full scan's time), or a hash of the path where the size is one of ``shared``."""
     if not shared:
         return F.col(size)
     return F.when(F.col(size).isin(list(shared)), F.xxhash64(F.col(path))).otherwise(F.col(size))
 
 
-def unmapped_file(path: Column) -> Column:
+def file_join(sizes: Iterable[int], their_size: str, their_path: str) -> tuple[Column, Column]:
+    """How a plain read's rows (``LOCAL_SIZE_COL``, ``LOCAL_PATH_COL``) meet a per-file table's row, given the
+    files' sizes: the join condition, and a guard to finish with ``.otherwise(kept)`` that fails the query for a
+    row left without its file's row, or met with another file's (keys may meet by chance)."""
+    shared = _shared_sizes(sizes)
+    on = _file_key(LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == _file_key(their_size, their_path, shared)
+    unmet = F.col(their_path).isNull() | (F.col(LOCAL_PATH_COL) != F.col(their_path))
+    return on, F.when(unmet, _unmapped_file(F.col(LOCAL_PATH_COL)))
+
+
+def _unmapped_file(path: Column) -> Column:
     """Fails the query for a row of a file the scan did not ask for, or met with another file's row."""
     message = f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "
     return F.raise_error(F.concat(F.lit(message), path))

@@ -29,10 +29,8 @@ from engine.delta.scan_columns import (
     LOCAL_PATH_COL,
     LOCAL_SIZE_COL,
     ROW_INDEX_COL,
-    file_key,
+    file_join,
     file_metadata,
-    shared_sizes,
-    unmapped_file,
 )
 from engine.delta.snapshot import Snapshot
 
@@ -165,12 +163,10 @@ def _drop_by_bitmaps_in_one_read(
         .append_column(FILE_NAME_COL, pa.array([add.path for add in files], pa.string()))
         .append_column(_BITMAP_SIZE_COL, pa.array([add.size for add in files], pa.int64()))
     )
-    shared = shared_sizes(add.size for add in files)
-    on = file_key(LOCAL_SIZE_COL, LOCAL_PATH_COL, shared) == file_key(_BITMAP_SIZE_COL, _BITMAP_FILE_COL, shared)
+    on, guard = file_join((add.size for add in files), _BITMAP_SIZE_COL, _BITMAP_FILE_COL)
     joined = scan.join(F.broadcast(spark.createDataFrame(bitmaps)), on, how="left")
     # No bitmap, or another file's (a key shared by chance): the query fails rather than keep a deleted row.
-    unmet = F.col(_BITMAP_FILE_COL).isNull() | (F.col(LOCAL_PATH_COL) != F.col(_BITMAP_FILE_COL))
-    kept = _with_word(joined).where(F.when(unmet, unmapped_file(F.col(LOCAL_PATH_COL))).otherwise(_kept_by_word()))
+    kept = _with_word(joined).where(guard.otherwise(_kept_by_word()))
     table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
     return kept.select(*table_columns, F.col(FILE_NAME_COL), F.col(ROW_INDEX_COL))
 
