@@ -3,7 +3,7 @@ source, the candidate files, and what one phase learns for the next."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,9 +74,17 @@ class MergeContext:
         return [f.name for f in self.resolved.output_fields]
 
     def target_df(
-        self, files: Sequence[AddFile], *, file_columns: bool = True, row_tracking: bool = False
+        self,
+        files: Sequence[AddFile],
+        *,
+        file_columns: bool = True,
+        row_tracking: bool = False,
+        prefilter: Callable[[DataFrame], DataFrame] | None = None,
     ) -> DataFrame:
-        return delta.scan_files(self.spark, self.snapshot, files, file_columns=file_columns, row_tracking=row_tracking)
+        """``prefilter``: a filter that only drops rows, applied before deletion vectors meet them."""
+        return delta.scan_files(
+            self.spark, self.snapshot, files, file_columns=file_columns, row_tracking=row_tracking, prefilter=prefilter
+        )
 
     def release(self) -> None:
         """Free what the merge cached on the Spark server."""

@@ -334,15 +334,18 @@ class ClassicMergeExecutor:
         file_columns: bool,
         files: Sequence[AddFile] | None = None,
         columns: frozenset[str] | None = None,
+        prefilter: Callable[[DataFrame], DataFrame] | None = None,
     ) -> tuple[DataFrame, DataFrame, list[str]]:
         """The touched files (or ``files``) and the source for writeAllChanges' join, each marked present, with the
         row indexes Delta's DeduplicateCDFDeletes keeps one delete per target row by (even / odd: never equal).
-        ``columns``: the only table columns to read (None: all)."""
+        ``columns``: the only table columns to read (None: all); ``prefilter``: drops target rows (see
+        ``MergeContext.target_df``)."""
         ctx = self.ctx
         target = ctx.target_df(
             ctx.touched_files if files is None else files,
             file_columns=file_columns,
             row_tracking=ctx.row_tracking_columns is not None,
+            prefilter=prefilter,
         )
         if columns is not None:
             table = [f.name for f in ctx.snapshot.spark_schema.fields]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pyroaring import BitMap64
 from pyspark.sql import DataFrame
@@ -210,8 +211,12 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
         ctx = self.ctx
         spec = ctx.spec
         source_rows = ctx.source_rows
-        target, source, dedup_columns = self._sides_for_write(file_columns=True, files=files, columns=columns)
         keys = source_key_filter(ctx) if one_scan else None
+        # The source's keys filter the target's rows before their deletion vectors meet them.
+        prefilter = None if keys is None else partial(keep_rows_of_source_keys, ctx, keyed=keys)
+        target, source, dedup_columns = self._sides_for_write(
+            file_columns=True, files=files, columns=columns, prefilter=prefilter
+        )
         broadcast_source = keys is None and bool(spec.not_matched) and source_fits_broadcast(ctx, source_rows, files)
         # Unless it is broadcast, the source streams into the join (or is shuffled to it by its keys).
         streamed = source if broadcast_source else spread_streamed_source(ctx, source)
@@ -226,7 +231,7 @@ class MergeOnReadExecutor(ClassicMergeExecutor):
             # The one scan holds no unmatched target row: the target rows the source's keys cannot match go in the
             # scan, and both small sides are joined whole.
             how = "left_outer" if spec.not_matched else "inner"
-            joined = counted.alias(s).join(keep_rows_of_source_keys(ctx, target, keys).alias(t), on, how)
+            joined = counted.alias(s).join(target.alias(t), on, how)
         elif broadcast_source:
             # The target rows stream past the broadcast source instead of being shuffled to meet it. (With ON's key
             # equalities the one scan sends only the source's keys instead: source_key_filter.)

@@ -41,6 +41,7 @@ from engine.delta.scan_columns import (
     ROW_TRACKING_COLS,
     UNMAPPED_MARKER,
     FileColumns,
+    Prefilter,
     checked_file_name,
     file_join,
     file_metadata,
@@ -80,13 +81,14 @@ def scan_files(
     *,
     file_columns: bool = True,
     row_tracking: bool = False,
+    prefilter: Prefilter | None = None,
 ) -> DataFrame:
     """The rows of ``files`` with the table's columns, ``FILE_NAME_COL`` (the AddFile's log path) and
     ``ROW_INDEX_COL`` (the row's position in its file). Columns the files lack (added later by schema
     evolution) read as NULL. Without ``file_columns`` only the table's columns are read, and an unpartitioned
     table is then a plain Parquet read. With ``row_tracking`` (a table whose row tracking is enabled), the
-    stable ``ROW_ID_COL`` and ``ROW_COMMIT_VERSION_COL`` of every row follow."""
-    return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none", row_tracking)
+    stable ``ROW_ID_COL`` and ``ROW_COMMIT_VERSION_COL`` of every row follow. ``prefilter``: see ``Prefilter``."""
+    return _scan(spark, snapshot, files, "name_and_row_index" if file_columns else "none", row_tracking, prefilter)
 
 
 def scan_files_with_path(spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile]) -> DataFrame:
@@ -117,17 +119,20 @@ def _scan(
     files: Sequence[AddFile],
     file_columns: FileColumns,
     row_tracking: bool = False,
+    prefilter: Prefilter | None = None,
 ) -> DataFrame:
+    keep = prefilter or (lambda rows: rows)
     unique = list({f.path: f for f in files}.values())
     with_vectors = [f for f in unique if f.deletion_vector is not None]
     if not with_vectors:
-        return _scan_stored(spark, snapshot, unique, file_columns, row_tracking)
+        return keep(_scan_stored(spark, snapshot, unique, file_columns, row_tracking))
     live = live_rows(
         spark,
         snapshot,
         with_vectors,
         stored=lambda: _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking, per_file=True),
         read_together=not row_tracking,
+        prefilter=keep,
     )
     table_columns = [F.col(f"`{f.name}`") for f in snapshot.spark_schema.fields]
     tracking = [F.col(c) for c in ROW_TRACKING_COLS] if row_tracking else []
@@ -139,7 +144,7 @@ def _scan(
     without = [f for f in unique if f.deletion_vector is None]
     if not without:
         return live
-    return _scan_stored(spark, snapshot, without, file_columns, row_tracking).unionByName(live)
+    return keep(_scan_stored(spark, snapshot, without, file_columns, row_tracking)).unionByName(live)
 
 
 def _scan_stored(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from pyspark.sql import Column, DataFrame
@@ -22,6 +22,10 @@ ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
 LOCAL_PATH_COL = internal_column("local_path")
 LOCAL_SIZE_COL = internal_column("local_size")
 UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
+
+Prefilter = Callable[[DataFrame], DataFrame]
+"""A filter a scan applies to its files' rows as stored, before their deletion vectors meet them (so a vector's
+per-row work is done only for the rows it keeps): it may only drop rows, and reads only the table's columns."""
 
 FileColumns = Literal["name_and_row_index", "path", "none"]
 """What a scan gives besides the table's columns: the file and row index, the file path, or nothing."""

@@ -29,6 +29,7 @@ from engine.delta.scan_columns import (
     LOCAL_PATH_COL,
     LOCAL_SIZE_COL,
     ROW_INDEX_COL,
+    Prefilter,
     file_join,
     file_metadata,
 )
@@ -64,11 +65,13 @@ def live_rows(
     *,
     stored: Callable[[], DataFrame],
     read_together: bool,
+    prefilter: Prefilter,
 ) -> DataFrame:
     """The rows of ``files`` (each with a deletion vector) that their vectors keep, with ``FILE_NAME_COL`` and
     ``ROW_INDEX_COL``. ``stored``: the files' rows as stored, each file read on its own where few, with those
     columns; ``read_together``: whether bitmaps may read the files in one read of their own (a scan with row
-    tracking needs the stored read's columns)."""
+    tracking needs the stored read's columns); ``prefilter``: applied to the stored rows before their vectors meet
+    them."""
     vectors = []
     for add in files:
         assert add.deletion_vector is not None
@@ -77,10 +80,10 @@ def live_rows(
     by_bitmaps = total > INLINE_DELETED_ROWS and sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS
     # One file's bitmap needs no join by path: its own read meets the bitmap's one row (see _drop_by_bitmaps).
     one_read = by_bitmaps and read_together and len(vectors) > 1
-    read_once = _drop_by_bitmaps_in_one_read(spark, snapshot, files, vectors) if one_read else None
+    read_once = _drop_by_bitmaps_in_one_read(spark, snapshot, files, vectors, prefilter) if one_read else None
     if read_once is not None:
         return read_once
-    return _drop_deleted_rows(spark, stored(), vectors)
+    return _drop_deleted_rows(spark, prefilter(stored()), vectors)
 
 
 def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
@@ -136,7 +139,11 @@ def _word_count(rows: BitMap64) -> int:
 
 
 def _drop_by_bitmaps_in_one_read(
-    spark: SparkSession, snapshot: Snapshot, files: Sequence[AddFile], vectors: Sequence[tuple[str, BitMap64]]
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files: Sequence[AddFile],
+    vectors: Sequence[tuple[str, BitMap64]],
+    prefilter: Prefilter,
 ) -> DataFrame | None:
     """An unpartitioned table's files read together, each row joined to its file's bitmap: reading the files one
     by one (to name each by a literal) costs some 25 ms a file in planning and tasks. The join's key is the file's
@@ -152,11 +159,13 @@ def _drop_by_bitmaps_in_one_read(
     read_schema, data_columns = read_columns(snapshot.spark_schema, snapshot.configuration)
     read = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
     metadata = file_metadata(read)
-    scan = read.select(
-        *data_columns,
-        metadata.getField("file_path").alias(LOCAL_PATH_COL),
-        metadata.getField("row_index").alias(ROW_INDEX_COL),
-        metadata.getField("file_size").alias(LOCAL_SIZE_COL),
+    scan = prefilter(
+        read.select(
+            *data_columns,
+            metadata.getField("file_path").alias(LOCAL_PATH_COL),
+            metadata.getField("row_index").alias(ROW_INDEX_COL),
+            metadata.getField("file_size").alias(LOCAL_SIZE_COL),
+        )
     )
     bitmaps = (
         _bitmaps_table(["file:" + p for p in local], vectors)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 from pyroaring import BitMap, BitMap64
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from engine.delta import (
     FILE_NAME_COL,
@@ -308,6 +308,54 @@ def test_scan_drops_deleted_rows_of_a_partitioned_table_every_way(
     with_path = scan_files_with_path(spark, snapshot, snapshot.files)
     touched = with_path.where("id % 1000 = 1").select(FILE_PATH_COL).distinct().collect()
     assert {f.path for f in files_at_paths(snapshot, snapshot.files, [r[0] for r in touched])} <= set(files)
+
+
+@pytest.mark.parametrize(
+    ("inline_limit", "bitmap_words", "partitioned"),
+    [(1_000, 1_000_000, False), (0, 1_000_000, False), (0, 1_000_000, True), (0, 0, False)],
+    ids=["inline", "bitmaps-one-read", "bitmaps-partitioned", "side-table"],
+)
+def test_a_prefilter_sees_the_stored_rows_and_the_scan_keeps_what_both_keep(
+    spark: SparkSession,
+    lake: Path,
+    inline_limit: int,
+    bitmap_words: int,
+    partitioned: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prefilter meets the files' rows before their vectors (deleted rows among them), on files with vectors
+    and without, every way the vectors are applied; the scan gives the rows both the filter and the vectors keep,
+    with their log paths and row indexes."""
+    monkeypatch.setattr(scan_deleted_rows, "INLINE_DELETED_ROWS", inline_limit)
+    monkeypatch.setattr(scan_deleted_rows, "BITMAP_WORDS", bitmap_words)
+    path = lake / "prefiltered"
+    parts = {"partition_by": ["part"]} if partitioned else {}
+
+    def rows(start: int, count: int) -> pa.Table:
+        return _rows(start, count).append_column("part", pa.array(["a", "b"][i % 2] for i in range(count)))
+
+    write_deltalake(str(path), rows(0, 40), **parts)
+    write_deltalake(str(path), rows(40, 30), mode="append", **parts)
+    enable_deletion_vectors(path)
+    files = file_paths(path)
+    delete_rows(path, {files[0]: [0, 1, 5, 17], files[1]: [2, 3]})
+    write_deltalake(str(path), rows(70, 10), mode="append", **parts)  # files without a vector
+    snapshot = load_snapshot(path)
+    wanted = set(range(0, 80, 3))
+    keys = spark.createDataFrame([(i,) for i in sorted(wanted)], "key long")
+    seen: list[int] = []
+
+    def prefilter(stored: DataFrame) -> DataFrame:
+        seen.append(stored.count())
+        return stored.join(keys, stored["id"] == keys["key"], "left_semi")
+
+    scanned = scan_files(spark, snapshot, snapshot.files, prefilter=prefilter).collect()
+    live = set(read_with_deltalake(path).column("id").to_pylist())
+    assert len(live) == 80 - 6
+    assert sorted(r["id"] for r in scanned) == sorted(live & wanted)
+    assert sum(seen) == 80  # every stored row, the deleted ones too
+    for r in scanned:
+        assert pq.read_table(path / unquote(r[FILE_NAME_COL])).column("id")[r[ROW_INDEX_COL]].as_py() == r["id"]
 
 
 @pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partitioned"])
