@@ -15,16 +15,18 @@ from engine.delta.column_mapping import read_columns
 from engine.delta.errors import DeltaError
 from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
-from engine.delta.paths import spark_read_path
+from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
     LOCAL_PATH_COL,
+    LOCAL_SIZE_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
     ROW_INDEX_COL,
     FileColumns,
     checked_file_name,
+    file_join,
     file_metadata,
     local_file_path,
 )
@@ -33,6 +35,8 @@ from engine.delta.values import parse_partition_value
 
 _BASE_ROW_ID_COL = internal_column("base_row_id")
 _DEFAULT_ROW_COMMIT_VERSION_COL = internal_column("default_row_commit_version")
+_MAPPED_PATH_COL = internal_column("tracked_path")
+_MAPPED_SIZE_COL = internal_column("tracked_size")
 
 
 def scan_with_row_tracking(
@@ -45,7 +49,7 @@ def scan_with_row_tracking(
 ) -> DataFrame:
     """The rows of ``unique`` with their stable row ids and row commit versions: the materialized columns are
     read with the data (NULL where a file lacks them), and each file's ``baseRowId`` and
-    ``defaultRowCommitVersion`` are joined in by path with its partition values."""
+    ``defaultRowCommitVersion`` are joined in with its partition values."""
     names = rt.materialized_columns(snapshot.protocol, snapshot.metadata)
     if names is None:
         raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
@@ -58,16 +62,28 @@ def scan_with_row_tracking(
             T.StructField(version_name, T.LongType(), True),
         ]
     )
-    mapping = _file_mapping(spark, snapshot, unique, partition_fields)
-    data = spark.read.schema(read_schema).parquet(*(spark_read_path(snapshot.file_path(add)) for add in unique))
+    local = [snapshot.file_path(add) for add in unique]
+    # Spark reports such paths verbatim (``file:<path>``): rows meet their file's row by its size (file_join)
+    # rather than by a decoded path hashed per row.
+    plain = all(PLAIN_PATH.fullmatch(p) for p in local)
+    mapping = F.broadcast(
+        _file_mapping(spark, ["file:" + p for p in local] if plain else local, unique, partition_fields, plain)
+    )
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
+    metadata = file_metadata(data)
     data = data.select(
         *data_columns,
         F.col(quote_identifier(row_id_name)),
         F.col(quote_identifier(version_name)),
-        local_file_path(data).alias(LOCAL_PATH_COL),
-        file_metadata(data).getField("row_index").alias(ROW_INDEX_COL),
+        (metadata.getField("file_path") if plain else local_file_path(data)).alias(LOCAL_PATH_COL),
+        metadata.getField("row_index").alias(ROW_INDEX_COL),
+        metadata.getField("file_size").alias(LOCAL_SIZE_COL),
     )
-    joined = data.join(F.broadcast(mapping), on=LOCAL_PATH_COL, how="left")
+    if plain:
+        on, guard = file_join((add.size for add in unique), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
+        joined = data.join(mapping, on, how="left").where(guard.otherwise(F.lit(True)))
+    else:
+        joined = data.join(mapping, on=LOCAL_PATH_COL, how="left")
     tracking = _stable_row_columns(row_id_name, version_name)
     table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
     if file_columns == "none":
@@ -78,11 +94,16 @@ def scan_with_row_tracking(
 
 
 def _file_mapping(
-    spark: SparkSession, snapshot: Snapshot, unique: Sequence[AddFile], partition_fields: Sequence[T.StructField]
+    spark: SparkSession,
+    paths: Sequence[str],
+    unique: Sequence[AddFile],
+    partition_fields: Sequence[T.StructField],
+    by_size: bool,
 ) -> DataFrame:
-    """Each file's local path, log path, ``baseRowId``, ``defaultRowCommitVersion`` and partition values."""
+    """Each file's path as the scan's rows give it (``paths``; ``by_size``: named apart from theirs, for
+    file_join), log path, ``baseRowId``, ``defaultRowCommitVersion``, partition values and size."""
     rows = []
-    for add in unique:
+    for path, add in zip(paths, unique, strict=True):
         if add.base_row_id is None or add.default_row_commit_version is None:
             raise DeltaError(
                 f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
@@ -91,20 +112,22 @@ def _file_mapping(
         values = {k.lower(): v for k, v in add.partition_values.items()}
         rows.append(
             (
-                snapshot.file_path(add),
+                path,
                 add.path,
                 add.base_row_id,
                 add.default_row_commit_version,
                 *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
+                add.size,
             )
         )
     schema = T.StructType(
         [
-            T.StructField(LOCAL_PATH_COL, T.StringType(), False),
+            T.StructField(_MAPPED_PATH_COL if by_size else LOCAL_PATH_COL, T.StringType(), False),
             T.StructField(FILE_NAME_COL, T.StringType(), False),
             T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
             T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
             *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+            T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
         ]
     )
     return spark.createDataFrame(rows, schema)

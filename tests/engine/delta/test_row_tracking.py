@@ -11,12 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from pyspark.sql import SparkSession
 
 from engine import delta
 from engine.delta import AddFile, FileStats
 from engine.delta.actions import DomainMetadata
 from engine.delta.errors import ConcurrentDomainMetadataError
 from engine.delta.features import check_protocol_and_metadata
+from engine.delta.scan_columns import UNMAPPED_MARKER
 from engine.errors import DeltaError
 
 ROWS = 4
@@ -225,3 +227,65 @@ def test_a_file_without_a_row_count_gets_no_row_ids(lake: Path) -> None:
     unknown = AddFile(path="a.parquet", size=1, partition_values={}, modification_time=0)
     with pytest.raises(DeltaError, match="numRecords"):
         _commit(path, [unknown])
+
+
+@pytest.mark.parametrize("part", [None, "a b%"], ids=["plain-paths", "encoded-paths"])
+def test_a_scan_gives_each_row_its_files_row_id(spark: SparkSession, lake: Path, part: str | None) -> None:
+    """Two files of one size (met by a hash of their path) and a third of another (by its size), or paths Spark
+    encodes (by the decoded path): each row gets its own file's ``baseRowId`` plus its row index."""
+    path = lake / "tracked"
+    parts = {"partition_by": ["part"]} if part else {}
+    for i, ids in enumerate([[1, 2, 3, 4], [5, 6, 7, 8], list(range(20, 30))]):
+        data = pa.table({"id": pa.array(ids, pa.int64())})
+        if part:
+            data = data.append_column("part", pa.array([part] * len(ids)))
+        write_deltalake(str(path), data, mode="append" if i else "error", **parts)
+    adds = [a["add"] for version in range(3) for a in _log(path, version) if "add" in a]
+    assert adds[0]["size"] == adds[1]["size"] != adds[2]["size"]
+    metadata = next(a["metaData"] for a in _log(path, 0) if "metaData" in a)
+    config = {
+        "delta.enableRowTracking": "true",
+        "delta.rowTracking.materializedRowIdColumnName": ROW_ID_COLUMN,
+        "delta.rowTracking.materializedRowCommitVersionColumnName": VERSION_COLUMN,
+    }
+    protocol = {"minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": ["domainMetadata", "rowTracking"]}
+    bases = [100, 200, 300]
+    _write_commit(
+        path,
+        3,
+        [
+            {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "SET TBLPROPERTIES"}},
+            {"protocol": protocol},
+            {"metaData": {**metadata, "configuration": config}},
+            {"domainMetadata": {"domain": "delta.rowTracking", "configuration": '{"rowIdHighWaterMark":309}'}},
+            *[
+                {"add": {**add, "dataChange": False, "baseRowId": base, "defaultRowCommitVersion": version}}
+                for version, (add, base) in enumerate(zip(adds, bases, strict=True))
+            ],
+        ],
+    )
+    snapshot = delta.load_snapshot(str(path))
+    rows = delta.scan_files(spark, snapshot, snapshot.files, row_tracking=True).collect()
+    base_of = {add["path"]: base for add, base in zip(adds, bases, strict=True)}
+    version_of = {add["path"]: version for version, add in enumerate(adds)}
+    assert sorted(r["id"] for r in rows) == [1, 2, 3, 4, 5, 6, 7, 8, *range(20, 30)]
+    if part:
+        assert all(r["part"] == part for r in rows)
+    for r in rows:
+        name = r[delta.FILE_NAME_COL]
+        assert r[delta.ROW_ID_COL] == base_of[name] + r[delta.ROW_INDEX_COL]
+        assert r[delta.ROW_COMMIT_VERSION_COL] == version_of[name]
+    assert {r[delta.FILE_NAME_COL] for r in rows} == set(base_of)
+    if not part:
+        # A file of another size than its log entry gives meets no file's row: the scan fails.
+        wrong = {
+            **adds[2],
+            "size": adds[0]["size"],
+            "dataChange": False,
+            "baseRowId": 300,
+            "defaultRowCommitVersion": 2,
+        }
+        _write_commit(path, 4, [{"commitInfo": {"timestamp": int(time.time() * 1000)}}, {"add": wrong}])
+        snapshot = delta.load_snapshot(str(path))
+        with pytest.raises(Exception, match=UNMAPPED_MARKER):
+            delta.scan_files(spark, snapshot, snapshot.files, row_tracking=True).collect()
