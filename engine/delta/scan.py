@@ -27,14 +27,11 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile
 from engine.delta.column_mapping import is_mapped, read_columns
 from engine.delta.errors import DeltaError
-from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
-    LOCAL_PATH_COL,
-    LOCAL_SIZE_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
     ROW_INDEX_COL,
@@ -43,17 +40,13 @@ from engine.delta.scan_columns import (
     FileColumns,
     Prefilter,
     checked_file_name,
-    file_join,
     file_metadata,
-    local_file_path,
+    join_file_values,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
-
-_MAPPED_PATH_COL = internal_column("mapped_path")
-_MAPPED_SIZE_COL = internal_column("mapped_size")
 
 PER_FILE_SCAN_FILES = 32
 """Up to this many files with deletion vectors, their scan reads each file on its own and gives it its log path as
@@ -243,52 +236,23 @@ def _scan_by_mapped_paths(
     data_schema: T.StructType,
     file_columns: FileColumns,
 ) -> DataFrame:
-    """The files' rows joined with a broadcast mapping from each file to its log path and partition values: by the
-    file's size (``file_join``) where Spark reports the paths verbatim, else by the path it reports, decoded."""
+    """The files' rows joined with a broadcast mapping from each file to its log path and partition values
+    (``join_file_values``)."""
     schema = snapshot.spark_schema
-    mapping_rows = []
+    values = []
     for add in unique:
-        values = {k.lower(): v for k, v in add.partition_values.items()}
-        mapping_rows.append(
-            (
-                snapshot.file_path(add),
-                add.path,
-                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
-                add.size,
-            )
+        by_name = {k.lower(): v for k, v in add.partition_values.items()}
+        values.append(
+            (add.path, *(parse_partition_value(by_name.get(f.name.lower()), f.dataType) for f in partition_fields))
         )
-    plain = all(PLAIN_PATH.fullmatch(row[0]) for row in mapping_rows)
-    mapping_schema = T.StructType(
-        [
-            T.StructField(_MAPPED_PATH_COL if plain else LOCAL_PATH_COL, T.StringType(), False),
-            T.StructField(FILE_NAME_COL, T.StringType(), False),
-            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
-            T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
-        ]
-    )
-
+    fields = [
+        T.StructField(FILE_NAME_COL, T.StringType(), False),
+        *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+    ]
     _, read_schema, data_columns = _data_columns(snapshot, data_schema)
-    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p[0]) for p in mapping_rows))
-    metadata = file_metadata(data)
-    if plain:
-        # Spark reports such paths verbatim as ``file:<path>``: comparing the raw column spares decoding every row
-        # (a regex, a replace and a URL-decode per row cost more than reading the file).
-        mapping_rows = [("file:" + row[0], *row[1:]) for row in mapping_rows]
-        local_path = metadata.getField("file_path")
-    else:
-        local_path = local_file_path(data)
-    data = data.select(
-        *data_columns,
-        local_path.alias(LOCAL_PATH_COL),
-        metadata.getField("row_index").alias(ROW_INDEX_COL),
-        *([metadata.getField("file_size").alias(LOCAL_SIZE_COL)] if plain else []),
-    )
-    mapping = F.broadcast(spark.createDataFrame(mapping_rows, mapping_schema))
-    if plain:
-        on, guard = file_join((add.size for add in unique), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
-        joined = data.join(mapping, on, how="left").where(guard.otherwise(F.lit(True)))
-    else:
-        joined = data.join(mapping, on=LOCAL_PATH_COL, how="left")
+    local = [(snapshot.file_path(add), add) for add in unique]
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p, _ in local))
+    joined = join_file_values(spark, data, data_columns, local, fields, values)
     checked_name = checked_file_name()
     table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
     if file_columns == "none":

@@ -6,10 +6,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
+from engine.delta.actions import AddFile
 from engine.delta.internal_columns import internal_column
+from engine.delta.paths import PLAIN_PATH
 
 FILE_NAME_COL = internal_column("file_name")
 """The row's file, as its AddFile's log path."""
@@ -22,6 +25,8 @@ ROW_TRACKING_COLS = (ROW_ID_COL, ROW_COMMIT_VERSION_COL)
 LOCAL_PATH_COL = internal_column("local_path")
 LOCAL_SIZE_COL = internal_column("local_size")
 UNMAPPED_MARKER = "DELTA_SCAN_UNMAPPED_FILE"
+_MAPPED_PATH_COL = internal_column("mapped_path")
+_MAPPED_SIZE_COL = internal_column("mapped_size")
 
 Prefilter = Callable[[DataFrame], DataFrame]
 """A filter a scan applies to its files' rows as stored, before their deletion vectors meet them (so a vector's
@@ -80,3 +85,41 @@ def _unmapped_file(path: Column) -> Column:
     """Fails the query for a row of a file the scan did not ask for, or met with another file's row."""
     message = f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "
     return F.raise_error(F.concat(F.lit(message), path))
+
+
+def join_file_values(
+    spark: SparkSession,
+    read: DataFrame,
+    columns: Sequence[Column],
+    files: Sequence[tuple[str, AddFile]],
+    fields: Sequence[T.StructField],
+    values: Sequence[tuple[object, ...]],
+) -> DataFrame:
+    """``read``'s ``columns`` with ``ROW_INDEX_COL``, each row joined to its file's ``values`` (of ``fields``) from a
+    broadcast table of one row per file. ``files``: each file's local path (as ``read`` was given it) and AddFile.
+    Where Spark reports every path verbatim (``file:<path>``) rows meet their file's row by its size (file_join),
+    comparing the raw path: a regex, a replace and a URL-decode per row cost more than reading the file. Else by
+    the path Spark reports, decoded."""
+    plain = all(PLAIN_PATH.fullmatch(path) for path, _ in files)
+    metadata = file_metadata(read)
+    rows = read.select(
+        *columns,
+        (metadata.getField("file_path") if plain else local_file_path(read)).alias(LOCAL_PATH_COL),
+        metadata.getField("row_index").alias(ROW_INDEX_COL),
+        metadata.getField("file_size").alias(LOCAL_SIZE_COL),
+    )
+    schema = T.StructType(
+        [
+            T.StructField(_MAPPED_PATH_COL if plain else LOCAL_PATH_COL, T.StringType(), False),
+            *fields,
+            T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
+        ]
+    )
+    table_rows = [
+        ("file:" + path if plain else path, *row, add.size) for (path, add), row in zip(files, values, strict=True)
+    ]
+    table = F.broadcast(spark.createDataFrame(table_rows, schema))
+    if not plain:
+        return rows.join(table, on=LOCAL_PATH_COL, how="left")
+    on, guard = file_join((add.size for _, add in files), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
+    return rows.join(table, on, how="left").where(guard.otherwise(F.lit(True)))

@@ -15,28 +15,22 @@ from engine.delta.column_mapping import read_columns
 from engine.delta.errors import DeltaError
 from engine.delta.internal_columns import internal_column
 from engine.delta.names import quote_identifier
-from engine.delta.paths import PLAIN_PATH, spark_read_path
+from engine.delta.paths import spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
     FILE_PATH_COL,
-    LOCAL_PATH_COL,
-    LOCAL_SIZE_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
     ROW_INDEX_COL,
     FileColumns,
     checked_file_name,
-    file_join,
-    file_metadata,
-    local_file_path,
+    join_file_values,
 )
 from engine.delta.snapshot import Snapshot
 from engine.delta.values import parse_partition_value
 
 _BASE_ROW_ID_COL = internal_column("base_row_id")
 _DEFAULT_ROW_COMMIT_VERSION_COL = internal_column("default_row_commit_version")
-_MAPPED_PATH_COL = internal_column("tracked_path")
-_MAPPED_SIZE_COL = internal_column("tracked_size")
 
 
 def scan_with_row_tracking(
@@ -62,28 +56,11 @@ def scan_with_row_tracking(
             T.StructField(version_name, T.LongType(), True),
         ]
     )
-    local = [snapshot.file_path(add) for add in unique]
-    # Spark reports such paths verbatim (``file:<path>``): rows meet their file's row by its size (file_join)
-    # rather than by a decoded path hashed per row.
-    plain = all(PLAIN_PATH.fullmatch(p) for p in local)
-    mapping = F.broadcast(
-        _file_mapping(spark, ["file:" + p for p in local] if plain else local, unique, partition_fields, plain)
-    )
-    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
-    metadata = file_metadata(data)
-    data = data.select(
-        *data_columns,
-        F.col(quote_identifier(row_id_name)),
-        F.col(quote_identifier(version_name)),
-        (metadata.getField("file_path") if plain else local_file_path(data)).alias(LOCAL_PATH_COL),
-        metadata.getField("row_index").alias(ROW_INDEX_COL),
-        metadata.getField("file_size").alias(LOCAL_SIZE_COL),
-    )
-    if plain:
-        on, guard = file_join((add.size for add in unique), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
-        joined = data.join(mapping, on, how="left").where(guard.otherwise(F.lit(True)))
-    else:
-        joined = data.join(mapping, on=LOCAL_PATH_COL, how="left")
+    fields, values = _file_values(unique, partition_fields)
+    local = [(snapshot.file_path(add), add) for add in unique]
+    data = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p, _ in local))
+    materialized = [F.col(quote_identifier(row_id_name)), F.col(quote_identifier(version_name))]
+    joined = join_file_values(spark, data, [*data_columns, *materialized], local, fields, values)
     tracking = _stable_row_columns(row_id_name, version_name)
     table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
     if file_columns == "none":
@@ -93,44 +70,33 @@ def scan_with_row_tracking(
     return joined.select(*table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *tracking)
 
 
-def _file_mapping(
-    spark: SparkSession,
-    paths: Sequence[str],
-    unique: Sequence[AddFile],
-    partition_fields: Sequence[T.StructField],
-    by_size: bool,
-) -> DataFrame:
-    """Each file's path as the scan's rows give it (``paths``; ``by_size``: named apart from theirs, for
-    file_join), log path, ``baseRowId``, ``defaultRowCommitVersion``, partition values and size."""
-    rows = []
-    for path, add in zip(paths, unique, strict=True):
+def _file_values(
+    unique: Sequence[AddFile], partition_fields: Sequence[T.StructField]
+) -> tuple[list[T.StructField], list[tuple[object, ...]]]:
+    """Each file's log path, ``baseRowId``, ``defaultRowCommitVersion`` and partition values, and their fields."""
+    values: list[tuple[object, ...]] = []
+    for add in unique:
         if add.base_row_id is None or add.default_row_commit_version is None:
             raise DeltaError(
                 f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
                 "is enabled"
             )
-        values = {k.lower(): v for k, v in add.partition_values.items()}
-        rows.append(
+        by_name = {k.lower(): v for k, v in add.partition_values.items()}
+        values.append(
             (
-                path,
                 add.path,
                 add.base_row_id,
                 add.default_row_commit_version,
-                *(parse_partition_value(values.get(f.name.lower()), f.dataType) for f in partition_fields),
-                add.size,
+                *(parse_partition_value(by_name.get(f.name.lower()), f.dataType) for f in partition_fields),
             )
         )
-    schema = T.StructType(
-        [
-            T.StructField(_MAPPED_PATH_COL if by_size else LOCAL_PATH_COL, T.StringType(), False),
-            T.StructField(FILE_NAME_COL, T.StringType(), False),
-            T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
-            T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
-            *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
-            T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
-        ]
-    )
-    return spark.createDataFrame(rows, schema)
+    fields = [
+        T.StructField(FILE_NAME_COL, T.StringType(), False),
+        T.StructField(_BASE_ROW_ID_COL, T.LongType(), False),
+        T.StructField(_DEFAULT_ROW_COMMIT_VERSION_COL, T.LongType(), False),
+        *[T.StructField(f.name, f.dataType, True) for f in partition_fields],
+    ]
+    return fields, values
 
 
 def _stable_row_columns(row_id_name: str, version_name: str) -> list[Column]:
