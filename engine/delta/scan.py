@@ -31,6 +31,7 @@ from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
+    FILE_NUMBER_COL,
     FILE_PATH_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
@@ -123,7 +124,9 @@ def _scan(
         spark,
         snapshot,
         with_vectors,
-        stored=lambda: _scan_stored(spark, snapshot, with_vectors, "name_and_row_index", row_tracking, per_file=True),
+        stored=lambda: _scan_stored(
+            spark, snapshot, with_vectors, "name_and_row_index", row_tracking, per_file=True, numbered=True
+        ),
         read_together=not row_tracking,
         prefilter=keep,
     )
@@ -148,9 +151,11 @@ def _scan_stored(
     row_tracking: bool = False,
     *,
     per_file: bool = False,
+    numbered: bool = False,
 ) -> DataFrame:
     """The rows of distinct ``unique`` files as stored, deletion vectors not applied; ``per_file``: up to
-    ``PER_FILE_SCAN_FILES`` files each read on its own (see there)."""
+    ``PER_FILE_SCAN_FILES`` files each read on its own (see there); ``numbered``: with ``FILE_NUMBER_COL`` after
+    ``ROW_INDEX_COL`` (the position of the row's file in ``unique``)."""
     schema = snapshot.spark_schema
     partition_names = {c.lower() for c in snapshot.partition_columns}
     partition_fields = [f for f in schema.fields if f.name.lower() in partition_names]
@@ -158,12 +163,16 @@ def _scan_stored(
     if not unique:
         return _scan_nothing(spark, snapshot, file_columns, row_tracking)
     if row_tracking:
-        return scan_with_row_tracking(spark, snapshot, unique, file_columns, partition_fields, data_schema)
+        return scan_with_row_tracking(
+            spark, snapshot, unique, file_columns, partition_fields, data_schema, numbered=numbered
+        )
     if not partition_fields:
-        plain = _scan_by_plain_paths(spark, snapshot, unique, data_schema, file_columns, per_file=per_file)
+        plain = _scan_by_plain_paths(
+            spark, snapshot, unique, data_schema, file_columns, per_file=per_file, numbered=numbered
+        )
         if plain is not None:
             return plain
-    return _scan_by_mapped_paths(spark, snapshot, unique, partition_fields, data_schema, file_columns)
+    return _scan_by_mapped_paths(spark, snapshot, unique, partition_fields, data_schema, file_columns, numbered)
 
 
 def _scan_nothing(spark: SparkSession, snapshot: Snapshot, file_columns: FileColumns, row_tracking: bool) -> DataFrame:
@@ -193,9 +202,10 @@ def _scan_by_plain_paths(
     file_columns: FileColumns,
     *,
     per_file: bool = False,
+    numbered: bool = False,
 ) -> DataFrame | None:
     """An unpartitioned table's files read with no lookup of their log paths; None when a log path must be
-    looked up per file."""
+    looked up per file, or a file's number (``numbered``) joined in."""
     mapped, read_schema, data_columns = _data_columns(snapshot, data_schema)
     local = [snapshot.file_path(add) for add in unique]
     plain = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p in local))
@@ -209,15 +219,18 @@ def _scan_by_plain_paths(
                 *data_columns,
                 F.lit(add.path).alias(FILE_NAME_COL),
                 file_metadata(read).getField("row_index").alias(ROW_INDEX_COL),
+                *([F.lit(number).cast("long").alias(FILE_NUMBER_COL)] if numbered else []),
             )
-            for read, add in (
+            for number, (read, add) in enumerate(
                 (spark.read.schema(read_schema).parquet(spark_read_path(path)), add)
                 for path, add in zip(local, unique, strict=True)
             )
         ]
         return functools.reduce(DataFrame.union, reads)
     prefix = "file:" + snapshot.root.rstrip("/") + "/"
-    if all(PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in zip(local, unique, strict=True)):
+    paths = zip(local, unique, strict=True)
+    verbatim = all(PLAIN_PATH.fullmatch(p) and "file:" + p == prefix + add.path for p, add in paths)
+    if verbatim and not numbered:
         # Every log path is the file's plain path under the root, which Spark reports verbatim after
         # ``file:``: the log path is a substring, with no per-row lookup.
         return plain.select(
@@ -235,9 +248,10 @@ def _scan_by_mapped_paths(
     partition_fields: list[T.StructField],
     data_schema: T.StructType,
     file_columns: FileColumns,
+    numbered: bool = False,
 ) -> DataFrame:
     """The files' rows joined with a broadcast mapping from each file to its log path and partition values
-    (``join_file_values``)."""
+    (``join_file_values``); ``numbered``: see ``_scan_stored``."""
     schema = snapshot.spark_schema
     values = []
     for add in unique:
@@ -259,7 +273,8 @@ def _scan_by_mapped_paths(
         return joined.select(*table_columns)
     if file_columns == "path":
         return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL))
-    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL))
+    number = [F.col(FILE_NUMBER_COL)] if numbered else []
+    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *number)
 
 
 __all__ = [

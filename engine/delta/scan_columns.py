@@ -18,6 +18,9 @@ FILE_NAME_COL = internal_column("file_name")
 """The row's file, as its AddFile's log path."""
 ROW_INDEX_COL = internal_column("row_index")
 """The row's position in its file."""
+FILE_NUMBER_COL = internal_column("file_number")
+"""The row's file's position among the files a scan was given, where the scan is asked for it: a long to join
+per-file values on, where the log path would be hashed for every row."""
 FILE_PATH_COL = internal_column("file_path")
 ROW_ID_COL = internal_column("row_id")
 ROW_COMMIT_VERSION_COL = internal_column("row_commit_version")
@@ -30,7 +33,8 @@ _MAPPED_SIZE_COL = internal_column("mapped_size")
 
 Prefilter = Callable[[DataFrame], DataFrame]
 """A filter a scan applies to its files' rows as stored, before their deletion vectors meet them (so a vector's
-per-row work is done only for the rows it keeps): it may only drop rows, and reads only the table's columns."""
+per-row work is done only for the rows it keeps): it may only drop rows, keeps every column, and reads only the
+table's columns."""
 
 FileColumns = Literal["name_and_row_index", "path", "none"]
 """What a scan gives besides the table's columns: the file and row index, the file path, or nothing."""
@@ -95,8 +99,9 @@ def join_file_values(
     fields: Sequence[T.StructField],
     values: Sequence[tuple[object, ...]],
 ) -> DataFrame:
-    """``read``'s ``columns`` with ``ROW_INDEX_COL``, each row joined to its file's ``values`` (of ``fields``) from a
-    broadcast table of one row per file. ``files``: each file's local path (as ``read`` was given it) and AddFile.
+    """``read``'s ``columns`` with ``ROW_INDEX_COL``, each row joined to its file's ``values`` (of ``fields``) and
+    ``FILE_NUMBER_COL`` from a broadcast table of one row per file. ``files``: each file's local path (as ``read``
+    was given it) and AddFile.
     Where Spark reports every path verbatim (``file:<path>``) rows meet their file's row by its size (file_join),
     comparing the raw path: a regex, a replace and a URL-decode per row cost more than reading the file. Else by
     the path Spark reports, decoded."""
@@ -113,10 +118,12 @@ def join_file_values(
             T.StructField(_MAPPED_PATH_COL if plain else LOCAL_PATH_COL, T.StringType(), False),
             *fields,
             T.StructField(_MAPPED_SIZE_COL, T.LongType(), False),
+            T.StructField(FILE_NUMBER_COL, T.LongType(), False),
         ]
     )
     table_rows = [
-        ("file:" + path if plain else path, *row, add.size) for (path, add), row in zip(files, values, strict=True)
+        ("file:" + path if plain else path, *row, add.size, number)
+        for number, ((path, add), row) in enumerate(zip(files, values, strict=True))
     ]
     table = F.broadcast(spark.createDataFrame(table_rows, schema))
     if not plain:

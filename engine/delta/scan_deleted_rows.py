@@ -2,8 +2,9 @@
 Vectors"), by Parquet row index: a plan-inline ``row_index IN (...)`` per file while the scan's vectors hold few rows
 (Spark turns each list into a hash set); beyond that each file's vector as a plain bitmap (an array of longs, one bit
 a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions of rows, met by the file's
-size where Spark reports its path verbatim (one file's bitmap crossed with its own read); and for vectors wider still
-an anti-join with a side table of (file number, row index) built from Arrow. A side table of many rows is slow:
+size where Spark reports its path verbatim (one file's bitmap crossed with its own read), else by the file's number
+in the scan; and for vectors wider still an anti-join with a side table of (file number, row index) built from
+Arrow. A side table of many rows is slow:
 Spark Connect carries it in every plan built on the scan, and converts it at every analysis (about 2 s per 100,000
 rows)."""
 
@@ -16,7 +17,6 @@ import pyarrow as pa
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
 from engine.delta.column_mapping import read_columns
@@ -26,6 +26,7 @@ from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH, spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
+    FILE_NUMBER_COL,
     LOCAL_PATH_COL,
     LOCAL_SIZE_COL,
     ROW_INDEX_COL,
@@ -35,7 +36,7 @@ from engine.delta.scan_columns import (
 )
 from engine.delta.snapshot import Snapshot
 
-_FILE_NUMBER_COL = internal_column("dv_file")
+_SIDE_FILE_COL = internal_column("dv_file")
 _DELETED_ROW_COL = internal_column("dv_row")
 _ROW_BITS = 40
 """Row indexes below 2**40 (every Parquet file there is) share one long key with their file's number."""
@@ -50,6 +51,7 @@ BITMAP_WORDS = 4_000_000
 by the side table. A file's bitmap reaches its last deleted row: 15,625 words for a million rows."""
 _BITMAP_COL = internal_column("dv_bitmap")
 _BITMAP_FILE_COL = internal_column("dv_bitmap_file")
+_BITMAP_NUMBER_COL = internal_column("dv_bitmap_number")
 _LAST_DELETED_COL = internal_column("dv_last")
 _WORD_COL = internal_column("dv_word")
 _BITMAP_SIZE_COL = internal_column("dv_bitmap_size")
@@ -69,9 +71,9 @@ def live_rows(
 ) -> DataFrame:
     """The rows of ``files`` (each with a deletion vector) that their vectors keep, with ``FILE_NAME_COL`` and
     ``ROW_INDEX_COL``. ``stored``: the files' rows as stored, each file read on its own where few, with those
-    columns; ``read_together``: whether bitmaps may read the files in one read of their own (a scan with row
-    tracking needs the stored read's columns); ``prefilter``: applied to the stored rows before their vectors meet
-    them."""
+    columns and ``FILE_NUMBER_COL`` (the file's position in ``files``); ``read_together``: whether bitmaps may
+    read the files in one read of their own (a scan with row tracking needs the stored read's columns);
+    ``prefilter``: applied to the stored rows before their vectors meet them."""
     vectors = []
     for add in files:
         assert add.deletion_vector is not None
@@ -87,50 +89,43 @@ def live_rows(
 
 
 def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[tuple[str, BitMap64]]) -> DataFrame:
-    """``scan`` (with ``FILE_NAME_COL`` and ``ROW_INDEX_COL``) without the rows the files' deletion vectors delete."""
+    """``scan`` (with ``ROW_INDEX_COL`` and ``FILE_NUMBER_COL``, the position of the row's file in ``vectors``)
+    without the rows the files' deletion vectors delete, and without ``FILE_NUMBER_COL``."""
     total = sum(len(rows) for _, rows in vectors)
     if total == 0:
-        return scan
+        return scan.drop(FILE_NUMBER_COL)
     if total <= INLINE_DELETED_ROWS:
         # One CASE over the files (few: only those with vectors), each branch a hash set of row indexes.
         deleted = F.lit(False)
-        for path, rows in reversed(vectors):
+        for number, (_, rows) in reversed(list(enumerate(vectors))):
             if rows:
-                deleted = F.when(F.col(FILE_NAME_COL) == path, F.col(ROW_INDEX_COL).isin(list(rows))).otherwise(deleted)
-        return scan.where(~deleted)
+                deleted = F.when(F.col(FILE_NUMBER_COL) == number, F.col(ROW_INDEX_COL).isin(list(rows))).otherwise(
+                    deleted
+                )
+        return scan.where(~deleted).drop(FILE_NUMBER_COL)
     if sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS:
         return _drop_by_bitmaps(spark, scan, vectors)
-    numbers = spark.createDataFrame(
-        [(path, number) for number, (path, _) in enumerate(vectors)],
-        T.StructType(
-            [
-                T.StructField(FILE_NAME_COL, T.StringType(), False),
-                T.StructField(_FILE_NUMBER_COL, T.LongType(), False),
-            ]
-        ),
-    )
-    numbered = scan.join(F.broadcast(numbers), on=FILE_NAME_COL, how="inner")
+    numbered = scan
     side = spark.createDataFrame(_deleted_rows_table(vectors))
     broadcast = total <= BROADCAST_DELETED_ROWS
     widest = max((rows.max() for _, rows in vectors if rows), default=0)
     if widest < 1 << _ROW_BITS and len(vectors) < 1 << (63 - _ROW_BITS):
         # One long key (file number, row index) hashes and compares faster than the pair.
         keyed = numbered.withColumn(
-            _DELETED_ROW_COL, F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL)
+            _DELETED_ROW_COL, F.shiftleft(F.col(FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL)
         )
         keys = side.select(
-            (F.shiftleft(F.col(_FILE_NUMBER_COL), _ROW_BITS) + F.col(_DELETED_ROW_COL)).alias(_DELETED_ROW_COL)
+            (F.shiftleft(F.col(_SIDE_FILE_COL), _ROW_BITS) + F.col(_DELETED_ROW_COL)).alias(_DELETED_ROW_COL)
         )
         kept = keyed.join(F.broadcast(keys) if broadcast else keys, on=_DELETED_ROW_COL, how="left_anti")
-    else:
-        side = F.broadcast(side) if broadcast else side
-        kept = numbered.join(
-            side,
-            (numbered[_FILE_NUMBER_COL] == side[_FILE_NUMBER_COL])
-            & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
-            how="left_anti",
-        )
-    return kept.select(*[F.col(f"`{c}`") for c in scan.columns])
+        return kept.drop(_DELETED_ROW_COL, FILE_NUMBER_COL)
+    side = F.broadcast(side) if broadcast else side
+    kept = numbered.join(
+        side,
+        (numbered[FILE_NUMBER_COL] == side[_SIDE_FILE_COL]) & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
+        how="left_anti",
+    )
+    return kept.drop(FILE_NUMBER_COL)
 
 
 def _word_count(rows: BitMap64) -> int:
@@ -168,7 +163,7 @@ def _drop_by_bitmaps_in_one_read(
         )
     )
     bitmaps = (
-        _bitmaps_table(["file:" + p for p in local], vectors)
+        _bitmaps_table(_BITMAP_FILE_COL, pa.array(["file:" + p for p in local], pa.string()), vectors)
         .append_column(FILE_NAME_COL, pa.array([add.path for add in files], pa.string()))
         .append_column(_BITMAP_SIZE_COL, pa.array([add.size for add in files], pa.int64()))
     )
@@ -184,19 +179,20 @@ def _drop_by_bitmaps(spark: SparkSession, scan: DataFrame, vectors: Sequence[tup
     """Each file's deleted rows as a plain bitmap (an array of longs up to its last deleted row, one bit a row),
     one row per file broadcast to the scan: a row is dropped by one array read and a shift, with no per-row hash
     and no side table as long as the scan has rows."""
-    bitmaps = spark.createDataFrame(_bitmaps_table([path for path, _ in vectors], vectors))
+    numbers = pa.array(range(len(vectors)), pa.int64())
+    bitmaps = spark.createDataFrame(_bitmaps_table(_BITMAP_NUMBER_COL, numbers, vectors))
     if len(vectors) == 1:
         # Every row of the scan is of the one file: each meets the bitmap's one row with no hash of its file name
         # (a 1,000,000-row file with 1,000 rows deleted, scanned and semi-joined with 1,000 keys: 0.27-0.38 s
         # against 0.39-0.45 s joined by name, 0.21-0.29 s without a vector).
         joined = scan.crossJoin(F.broadcast(bitmaps))
     else:
-        # A join on an expression keeps the scan's columns first and in order, so dropping the bitmap's columns
-        # gives the scan's back without asking the server for them.
-        on = F.col(FILE_NAME_COL) == F.col(_BITMAP_FILE_COL)
+        # By the file's number, a long: by its log path, the string would be hashed for every row (half of a full
+        # scan's time over a partitioned table's files).
+        on = F.col(FILE_NUMBER_COL) == F.col(_BITMAP_NUMBER_COL)
         joined = scan.join(F.broadcast(bitmaps), on, how="inner")
     kept = _with_word(joined).where(_kept_by_word())
-    return kept.drop(_BITMAP_FILE_COL, _LAST_DELETED_COL, _BITMAP_COL, _WORD_COL)
+    return kept.drop(FILE_NUMBER_COL, _BITMAP_NUMBER_COL, _LAST_DELETED_COL, _BITMAP_COL, _WORD_COL)
 
 
 def _with_word(joined: DataFrame) -> DataFrame:
@@ -211,8 +207,8 @@ def _kept_by_word() -> Column:
     return F.col(_WORD_COL).isNull() | (bit == 0)
 
 
-def _bitmaps_table(keys: Sequence[str], vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
-    """One row per file: its key, its last deleted row and its plain bitmap."""
+def _bitmaps_table(key_name: str, keys: pa.Array, vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
+    """One row per file: its key (as ``key_name``), its last deleted row and its plain bitmap."""
     lasts, lengths, words = [], [], []
     for _, rows in vectors:
         count = _word_count(rows)
@@ -223,7 +219,7 @@ def _bitmaps_table(keys: Sequence[str], vectors: Sequence[tuple[str, BitMap64]])
         lengths.append(count)
     return pa.table(
         {
-            _BITMAP_FILE_COL: pa.array(list(keys), pa.string()),
+            key_name: keys,
             _LAST_DELETED_COL: pa.array(lasts, pa.int64()),
             _BITMAP_COL: pa.ListArray.from_arrays(
                 pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32()),
@@ -243,7 +239,7 @@ def _deleted_rows_table(vectors: Sequence[tuple[str, BitMap64]]) -> pa.Table:
         numbers.append(np.full(len(values), number, dtype=np.int64))
     return pa.table(
         {
-            _FILE_NUMBER_COL: pa.array(np.concatenate(numbers), pa.int64()),
+            _SIDE_FILE_COL: pa.array(np.concatenate(numbers), pa.int64()),
             _DELETED_ROW_COL: pa.array(np.concatenate(rows), pa.int64()),
         }
     )

@@ -18,6 +18,7 @@ from engine.delta.names import quote_identifier
 from engine.delta.paths import spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
+    FILE_NUMBER_COL,
     FILE_PATH_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
@@ -40,10 +41,13 @@ def scan_with_row_tracking(
     file_columns: FileColumns,
     partition_fields: Sequence[T.StructField],
     data_schema: T.StructType,
+    *,
+    numbered: bool = False,
 ) -> DataFrame:
     """The rows of ``unique`` with their stable row ids and row commit versions: the materialized columns are
     read with the data (NULL where a file lacks them), and each file's ``baseRowId`` and
-    ``defaultRowCommitVersion`` are joined in with its partition values."""
+    ``defaultRowCommitVersion`` are joined in with its partition values. ``numbered``: with ``FILE_NUMBER_COL``
+    after ``ROW_INDEX_COL`` (the position of the row's file in ``unique``)."""
     names = rt.materialized_columns(snapshot.protocol, snapshot.metadata)
     if names is None:
         raise DeltaError(f"Table {snapshot.root} does not have row tracking enabled: no stable row ids to read")
@@ -67,7 +71,10 @@ def scan_with_row_tracking(
         return joined.select(*table_columns, *tracking)
     if file_columns == "path":
         return joined.select(*table_columns, checked_file_name().alias(FILE_PATH_COL), *tracking)
-    return joined.select(*table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *tracking)
+    number = [F.col(FILE_NUMBER_COL)] if numbered else []
+    return joined.select(
+        *table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *number, *tracking
+    )
 
 
 def _file_values(
