@@ -43,11 +43,11 @@ from engine.delta.scan_columns import (
     checked_file_name,
     file_metadata,
     join_file_values,
+    partition_values,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
 from engine.delta.snapshot import Snapshot
-from engine.delta.values import parse_partition_value
 
 PER_FILE_SCAN_FILES = 32
 """Up to this many files with deletion vectors, their scan reads each file on its own and gives it its log path as
@@ -253,12 +253,7 @@ def _scan_by_mapped_paths(
     """The files' rows joined with a broadcast mapping from each file to its log path and partition values
     (``join_file_values``); ``numbered``: see ``_scan_stored``."""
     schema = snapshot.spark_schema
-    values = []
-    for add in unique:
-        by_name = {k.lower(): v for k, v in add.partition_values.items()}
-        values.append(
-            (add.path, *(parse_partition_value(by_name.get(f.name.lower()), f.dataType) for f in partition_fields))
-        )
+    values = [(add.path, *partition_values(add, partition_fields)) for add in unique]
     fields = [
         T.StructField(FILE_NAME_COL, T.StringType(), False),
         *[T.StructField(f.name, f.dataType, True) for f in partition_fields],

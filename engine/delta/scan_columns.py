@@ -13,6 +13,7 @@ from pyspark.sql import types as T
 from engine.delta.actions import AddFile
 from engine.delta.internal_columns import internal_column
 from engine.delta.paths import PLAIN_PATH
+from engine.delta.values import parse_partition_value
 
 FILE_NAME_COL = internal_column("file_name")
 """The row's file, as its AddFile's log path."""
@@ -89,6 +90,12 @@ def _unmapped_file(path: Column) -> Column:
     """Fails the query for a row of a file the scan did not ask for, or met with another file's row."""
     message = f"[{UNMAPPED_MARKER}] scanned file not in the request, or not of the size its log entry gives: "
     return F.raise_error(F.concat(F.lit(message), path))
+
+
+def partition_values(add: AddFile, partition_fields: Sequence[T.StructField]) -> tuple[object, ...]:
+    """The file's typed value of each of ``partition_fields``, its log entry's keys matched without case."""
+    by_name = {k.lower(): v for k, v in add.partition_values.items()}
+    return tuple(parse_partition_value(by_name.get(f.name.lower()), f.dataType) for f in partition_fields)
 
 
 def join_file_values(

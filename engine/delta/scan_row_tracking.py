@@ -26,9 +26,9 @@ from engine.delta.scan_columns import (
     FileColumns,
     checked_file_name,
     join_file_values,
+    partition_values,
 )
 from engine.delta.snapshot import Snapshot
-from engine.delta.values import parse_partition_value
 
 _BASE_ROW_ID_COL = internal_column("base_row_id")
 _DEFAULT_ROW_COMMIT_VERSION_COL = internal_column("default_row_commit_version")
@@ -88,14 +88,8 @@ def _file_values(
                 f"File {add.path} has no baseRowId or defaultRowCommitVersion although the table's row tracking "
                 "is enabled"
             )
-        by_name = {k.lower(): v for k, v in add.partition_values.items()}
         values.append(
-            (
-                add.path,
-                add.base_row_id,
-                add.default_row_commit_version,
-                *(parse_partition_value(by_name.get(f.name.lower()), f.dataType) for f in partition_fields),
-            )
+            (add.path, add.base_row_id, add.default_row_commit_version, *partition_values(add, partition_fields))
         )
     fields = [
         T.StructField(FILE_NAME_COL, T.StringType(), False),
