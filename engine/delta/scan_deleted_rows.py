@@ -105,24 +105,21 @@ def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[t
         return scan.where(~deleted).drop(FILE_NUMBER_COL)
     if sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS:
         return _drop_by_bitmaps(spark, scan, vectors)
-    numbered = scan
     side = spark.createDataFrame(_deleted_rows_table(vectors))
     broadcast = total <= BROADCAST_DELETED_ROWS
     widest = max((rows.max() for _, rows in vectors if rows), default=0)
     if widest < 1 << _ROW_BITS and len(vectors) < 1 << (63 - _ROW_BITS):
         # One long key (file number, row index) hashes and compares faster than the pair.
-        keyed = numbered.withColumn(
-            _DELETED_ROW_COL, F.shiftleft(F.col(FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL)
-        )
+        keyed = scan.withColumn(_DELETED_ROW_COL, F.shiftleft(F.col(FILE_NUMBER_COL), _ROW_BITS) + F.col(ROW_INDEX_COL))
         keys = side.select(
             (F.shiftleft(F.col(_SIDE_FILE_COL), _ROW_BITS) + F.col(_DELETED_ROW_COL)).alias(_DELETED_ROW_COL)
         )
         kept = keyed.join(F.broadcast(keys) if broadcast else keys, on=_DELETED_ROW_COL, how="left_anti")
         return kept.drop(_DELETED_ROW_COL, FILE_NUMBER_COL)
     side = F.broadcast(side) if broadcast else side
-    kept = numbered.join(
+    kept = scan.join(
         side,
-        (numbered[FILE_NUMBER_COL] == side[_SIDE_FILE_COL]) & (numbered[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
+        (scan[FILE_NUMBER_COL] == side[_SIDE_FILE_COL]) & (scan[ROW_INDEX_COL] == side[_DELETED_ROW_COL]),
         how="left_anti",
     )
     return kept.drop(FILE_NUMBER_COL)
