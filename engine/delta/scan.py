@@ -40,10 +40,10 @@ from engine.delta.scan_columns import (
     UNMAPPED_MARKER,
     FileColumns,
     Prefilter,
-    checked_file_name,
     file_metadata,
     join_file_values,
     partition_values,
+    select_scan_columns,
 )
 from engine.delta.scan_deleted_rows import live_rows
 from engine.delta.scan_row_tracking import scan_with_row_tracking
@@ -252,7 +252,6 @@ def _scan_by_mapped_paths(
 ) -> DataFrame:
     """The files' rows joined with a broadcast mapping from each file to its log path and partition values
     (``join_file_values``); ``numbered``: see ``_scan_stored``."""
-    schema = snapshot.spark_schema
     values = [(add.path, *partition_values(add, partition_fields)) for add in unique]
     fields = [
         T.StructField(FILE_NAME_COL, T.StringType(), False),
@@ -262,14 +261,7 @@ def _scan_by_mapped_paths(
     local = [(snapshot.file_path(add), add) for add in unique]
     data = spark.read.schema(read_schema).parquet(*(spark_read_path(p) for p, _ in local))
     joined = join_file_values(spark, data, data_columns, local, fields, values)
-    checked_name = checked_file_name()
-    table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
-    if file_columns == "none":
-        return joined.select(*table_columns)
-    if file_columns == "path":
-        return joined.select(*table_columns, checked_name.alias(FILE_PATH_COL))
-    number = [F.col(FILE_NUMBER_COL)] if numbered else []
-    return joined.select(*table_columns, checked_name.alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *number)
+    return select_scan_columns(joined, snapshot.spark_schema, file_columns, numbered=numbered)
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 
 from engine.delta.actions import AddFile
 from engine.delta.internal_columns import internal_column
+from engine.delta.names import quote_identifier
 from engine.delta.paths import PLAIN_PATH
 from engine.delta.values import parse_partition_value
 
@@ -140,3 +141,25 @@ def join_file_values(
         return rows.join(table, on=LOCAL_PATH_COL, how="left")
     on, guard = file_join((add.size for _, add in files), _MAPPED_SIZE_COL, _MAPPED_PATH_COL)
     return rows.join(table, on, how="left").where(guard.otherwise(F.lit(True)))
+
+
+def select_scan_columns(
+    joined: DataFrame,
+    schema: T.StructType,
+    file_columns: FileColumns,
+    *,
+    numbered: bool = False,
+    after: Sequence[Column] = (),
+) -> DataFrame:
+    """``join_file_values``' rows as a scan gives them: the table's columns (``schema``), what ``file_columns``
+    asks for (the log path checked by ``checked_file_name``), ``FILE_NUMBER_COL`` where ``numbered``, then
+    ``after``."""
+    table_columns = [F.col(quote_identifier(f.name)) for f in schema.fields]
+    if file_columns == "none":
+        return joined.select(*table_columns, *after)
+    if file_columns == "path":
+        return joined.select(*table_columns, checked_file_name().alias(FILE_PATH_COL), *after)
+    number = [F.col(FILE_NUMBER_COL)] if numbered else []
+    return joined.select(
+        *table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *number, *after
+    )

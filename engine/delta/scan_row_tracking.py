@@ -18,15 +18,13 @@ from engine.delta.names import quote_identifier
 from engine.delta.paths import spark_read_path
 from engine.delta.scan_columns import (
     FILE_NAME_COL,
-    FILE_NUMBER_COL,
-    FILE_PATH_COL,
     ROW_COMMIT_VERSION_COL,
     ROW_ID_COL,
     ROW_INDEX_COL,
     FileColumns,
-    checked_file_name,
     join_file_values,
     partition_values,
+    select_scan_columns,
 )
 from engine.delta.snapshot import Snapshot
 
@@ -66,15 +64,7 @@ def scan_with_row_tracking(
     materialized = [F.col(quote_identifier(row_id_name)), F.col(quote_identifier(version_name))]
     joined = join_file_values(spark, data, [*data_columns, *materialized], local, fields, values)
     tracking = _stable_row_columns(row_id_name, version_name)
-    table_columns = [F.col(quote_identifier(f.name)) for f in snapshot.spark_schema.fields]
-    if file_columns == "none":
-        return joined.select(*table_columns, *tracking)
-    if file_columns == "path":
-        return joined.select(*table_columns, checked_file_name().alias(FILE_PATH_COL), *tracking)
-    number = [F.col(FILE_NUMBER_COL)] if numbered else []
-    return joined.select(
-        *table_columns, checked_file_name().alias(FILE_NAME_COL), F.col(ROW_INDEX_COL), *number, *tracking
-    )
+    return select_scan_columns(joined, snapshot.spark_schema, file_columns, numbered=numbered, after=tracking)
 
 
 def _file_values(
