@@ -46,6 +46,9 @@ INLINE_DELETED_ROWS = 500
 table. Every analysis and run of a plan pays for each listed row (about 0.2 s per 1,000 rows for a merge's six
 analyses and one job), where the broadcast bitmaps cost the same at any count: they are even at about 500 rows."""
 
+IN_SET_CONVERSION_THRESHOLD = 10
+"""Spark's ``spark.sql.optimizer.inSetConversionThreshold``: longer ``IN`` lists of literals become a hash set."""
+
 BITMAP_WORDS = 4_000_000
 """Up to this many 64-bit words (32 MB) of plain bitmaps in one scan, deleted rows are dropped by bitmap; beyond it,
 by the side table. A file's bitmap reaches its last deleted row: 15,625 words for a million rows."""
@@ -99,9 +102,7 @@ def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[t
         deleted = F.lit(False)
         for number, (_, rows) in reversed(list(enumerate(vectors))):
             if rows:
-                deleted = F.when(F.col(FILE_NUMBER_COL) == number, F.col(ROW_INDEX_COL).isin(list(rows))).otherwise(
-                    deleted
-                )
+                deleted = F.when(F.col(FILE_NUMBER_COL) == number, _deleted_row(rows)).otherwise(deleted)
         return scan.where(~deleted).drop(FILE_NUMBER_COL)
     if sum(_word_count(rows) for _, rows in vectors) <= BITMAP_WORDS:
         return _drop_by_bitmaps(spark, scan, vectors)
@@ -123,6 +124,16 @@ def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[t
         how="left_anti",
     )
     return kept.drop(FILE_NUMBER_COL)
+
+
+def _deleted_row(rows: BitMap64) -> Column:
+    """Whether the row's index is one of ``rows``, in a form generated code takes by reference: a list of at most
+    ``IN_SET_CONVERSION_THRESHOLD`` values in ``IN`` is written into the code, so each new small vector would compile
+    the scan's code anew (20-40 ms a merge); an array literal is not, and longer lists Spark makes a hash set."""
+    values = list(rows)
+    if len(values) > IN_SET_CONVERSION_THRESHOLD:
+        return F.col(ROW_INDEX_COL).isin(values)
+    return F.array_contains(F.array(*[F.lit(v).cast("long") for v in values]), F.col(ROW_INDEX_COL))
 
 
 def _word_count(rows: BitMap64) -> int:
