@@ -271,6 +271,26 @@ def test_scan_drops_deleted_rows(
     assert (True in stored_reads) is not by_bitmaps
 
 
+def test_a_few_deleted_rows_stay_out_of_the_generated_code(
+    spark: SparkSession, lake: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file's few deleted rows reach generated code by reference, so a new small vector does not compile the
+    scan's code anew: no row index is written into it as a literal (``IN`` would write each one)."""
+    path = lake / "few"
+    write_deltalake(str(path), _rows(0, 2000))
+    enable_deletion_vectors(path)
+    files = file_paths(path)
+    delete_rows(path, {files[0]: [1234, 1717]})
+    snapshot = load_snapshot(path)
+    scan = scan_files(spark, snapshot, snapshot.files)
+    assert sorted(r["id"] for r in scan.select("id").collect()) == [i for i in range(2000) if i not in (1234, 1717)]
+    capsys.readouterr()
+    scan.explain(mode="codegen")
+    code = capsys.readouterr().out
+    assert "Generated code" in code
+    assert "1234L" not in code and "1717L" not in code
+
+
 @pytest.mark.parametrize(
     ("inline_limit", "bitmap_words", "row_bits"),
     [(0, 1_000_000, 40), (0, 0, 40), (0, 0, 4), (1_000_000, 0, 40)],
