@@ -69,15 +69,20 @@ def _shared_sizes(sizes: Iterable[int]) -> list[int]:
     return sorted(size for size, count in Counter(sizes).items() if count > 1)
 
 
+def among_longs(column: Column, values: Iterable[int]) -> Column:
+    """Whether ``column`` (a long) is one of ``values``, which generated code takes by reference, as one array
+    literal: listed (``IN``, up to Spark's ``inSetConversionThreshold`` of ten), each value would be written into the
+    code, and every new set of values would compile the scan's code anew (20-100 ms). Linear in the values: for few."""
+    return F.array_contains(F.array(*[F.lit(v).cast("long") for v in values]), column)
+
+
 def _file_key(size: str, path: str, shared: Sequence[int]) -> Column:
     """The file's size (a long Spark fills in once per file, cheap to hash; hashing the reader's path instead costs
-    every row over a quarter of a full scan's time), or a hash of the path where the size is one of ``shared``.
-    The sizes are one array literal, which generated code takes by reference: listed (``IN``), each size would be
-    written into the code, and every new set of shared sizes would compile the scan's code anew (30-100 ms)."""
+    every row over a quarter of a full scan's time), or a hash of the path where the size is one of ``shared``
+    (``among_longs``: a new set of shared sizes does not compile the scan anew)."""
     if not shared:
         return F.col(size)
-    sizes = F.array(*[F.lit(s).cast("long") for s in shared])
-    return F.when(F.array_contains(sizes, F.col(size)), F.xxhash64(F.col(path))).otherwise(F.col(size))
+    return F.when(among_longs(F.col(size), shared), F.xxhash64(F.col(path))).otherwise(F.col(size))
 
 
 def file_join(sizes: Iterable[int], their_size: str, their_path: str) -> tuple[Column, Column]:

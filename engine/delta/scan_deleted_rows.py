@@ -1,12 +1,11 @@
 """Dropping the rows a file's deletion vector deletes from a scan (PROTOCOL.md "Reader Requirements for Deletion
-Vectors"), by Parquet row index: a plan-inline ``row_index IN (...)`` per file while the scan's vectors hold few rows
-(Spark turns each list into a hash set); beyond that each file's vector as a plain bitmap (an array of longs, one bit
-a row) in a one-row-per-file table broadcast to the scan, a few MB for tens of millions of rows, met by the file's
-size where Spark reports its path verbatim (one file's bitmap crossed with its own read), else by the file's number
-in the scan; and for vectors wider still an anti-join with a side table of (file number, row index) built from
-Arrow. A side table of many rows is slow:
-Spark Connect carries it in every plan built on the scan, and converts it at every analysis (about 2 s per 100,000
-rows)."""
+Vectors"), by Parquet row index: a plan-inline set of row indexes per file while the scan's vectors hold few rows
+(an array literal for up to ten, else ``IN``, which Spark turns into a hash set); beyond that each file's vector as
+a plain bitmap (an array of longs, one bit a row) in a one-row-per-file table broadcast to the scan, a few MB for tens
+of millions of rows, met by the file's size where Spark reports its path verbatim (one file's bitmap crossed with its
+own read), else by the file's number in the scan; and for vectors wider still an anti-join with a side table of
+(file number, row index) built from Arrow. A side table of many rows is slow: Spark Connect carries it in every plan
+built on the scan, and converts it at every analysis (about 2 s per 100,000 rows)."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from engine.delta.scan_columns import (
     LOCAL_SIZE_COL,
     ROW_INDEX_COL,
     Prefilter,
+    among_longs,
     file_join,
     file_metadata,
 )
@@ -127,13 +127,12 @@ def _drop_deleted_rows(spark: SparkSession, scan: DataFrame, vectors: Sequence[t
 
 
 def _deleted_row(rows: BitMap64) -> Column:
-    """Whether the row's index is one of ``rows``, in a form generated code takes by reference: a list of at most
-    ``IN_SET_CONVERSION_THRESHOLD`` values in ``IN`` is written into the code, so each new small vector would compile
-    the scan's code anew (20-40 ms a merge); an array literal is not, and longer lists Spark makes a hash set."""
+    """Whether the row's index is one of ``rows``, in a form generated code takes by reference, so that a new small
+    vector does not compile the scan's code anew: an array literal for a few, ``IN`` (a hash set to Spark) beyond."""
     values = list(rows)
     if len(values) > IN_SET_CONVERSION_THRESHOLD:
         return F.col(ROW_INDEX_COL).isin(values)
-    return F.array_contains(F.array(*[F.lit(v).cast("long") for v in values]), F.col(ROW_INDEX_COL))
+    return among_longs(F.col(ROW_INDEX_COL), values)
 
 
 def _word_count(rows: BitMap64) -> int:
