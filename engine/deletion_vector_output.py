@@ -142,7 +142,9 @@ observation is not brought back: the write is discarded and the aggregation gath
 OBSERVED_SOURCE_ROWS_MAX = OBSERVED_TARGET_ROWS_MAX
 """The write observes the target rows it replaces for sources up to this many rows, and so needs neither a cache
 of its output rows nor an aggregation over them. The observed list comes back as one string: 250,000 rows in some
-0.26 s against 0.60 s as a list of literals (each a protobuf message of its own)."""
+0.26 s against 0.60 s as a list of literals (each a protobuf message of its own). The string is the list's JSON:
+the observation's result is evaluated without generated code, where ``to_json`` writes the longs faster than a cast
+to string (a write of 250,000 rows observing them, 0.35 s against 0.40 s; 0.24 s observing nothing)."""
 _TARGET_ROW_COUNT = internal_column("target_row_count")
 
 
@@ -210,9 +212,9 @@ def write_changes_observing_target_rows(
         obs,
         *action_counts(codes),
         F.count(F.col(_FILE_NUMBER_COL)).alias(_TARGET_ROW_COUNT),
-        F.slice(F.collect_list(F.when(modifying, -row - 1).otherwise(row)), 1, OBSERVED_TARGET_ROWS_MAX)
-        .cast("string")
-        .alias(_TARGET_ROWS),
+        F.to_json(
+            F.slice(F.collect_list(F.when(modifying, -row - 1).otherwise(row)), 1, OBSERVED_TARGET_ROWS_MAX)
+        ).alias(_TARGET_ROWS),
     )
     if expected_rows is not None and expected_rows <= ONE_FILE_ROWS:
         # One task writes the few rows; the join above it keeps its parallelism (the scan's, where the target
@@ -225,7 +227,7 @@ def write_changes_observing_target_rows(
     if not values or int(values.get(_TARGET_ROW_COUNT) or 0) > OBSERVED_TARGET_ROWS_MAX:
         return None
     counts = {code: int(values.get(code) or 0) for code in codes}
-    # "[1, -2, 3]": Spark's text of the array.
+    # "[1,-2,3]": the array's JSON.
     encoded = np.fromstring(str(values.get(_TARGET_ROWS) or "[]")[1:-1], dtype=np.int64, sep=",")
     modified = encoded < 0
     rows = np.where(modified, -encoded - 1, encoded)
