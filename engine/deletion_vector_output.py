@@ -134,19 +134,17 @@ _TARGET_ROWS = internal_column("target_rows")
 _ROW_BITS = 40
 """Every Parquet file's row indexes fit below this bit."""
 OBSERVED_FILES_MAX = 1 << 22
-"""A target row is observed as one long: its row index times the number of candidate files, plus its file's number,
-negated (less one) when the row leaves its file. Short numbers are faster to write out than the file's number above
-bit 40 (0.32 s against 0.36 s for a write of 250,000 rows observing them, one file). Files beyond this many would not
-fit: the aggregation gathers them instead."""
+"""A target row is observed as one long: its row index times the number of candidate files plus its file's number
+(short numbers write out faster), negated (less one) when the row leaves its file. With more files a row index
+might not fit beside the file's number: the aggregation gathers them instead."""
 OBSERVED_TARGET_ROWS_MAX = 1_000_000
 """Beyond this many target rows among the output rows (a few source rows can match many target rows), the
 observation is not brought back: the write is discarded and the aggregation gathers them."""
 OBSERVED_SOURCE_ROWS_MAX = OBSERVED_TARGET_ROWS_MAX
 """The write observes the target rows it replaces for sources up to this many rows, and so needs neither a cache
-of its output rows nor an aggregation over them. The observed list comes back as one string: 250,000 rows in some
-0.26 s against 0.60 s as a list of literals (each a protobuf message of its own). The string is the list's JSON:
-the observation's result is evaluated without generated code, where ``to_json`` writes the longs faster than a cast
-to string (a write of 250,000 rows observing them, 0.35 s against 0.40 s; 0.24 s observing nothing)."""
+of its output rows nor an aggregation over them. The observed list comes back as one string (250,000 rows in some
+0.26 s against 0.60 s as a list of literals, each a protobuf message of its own): its JSON, which Spark writes faster
+than a cast to text (see docs/benchmarks.md, (3v))."""
 _TARGET_ROW_COUNT = internal_column("target_row_count")
 
 
