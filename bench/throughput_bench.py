@@ -8,8 +8,9 @@ interference run, one table of ``--large-rows`` rows.
 
 Runs, in order:
 
-  first    each worker's first merge once it reports ready (a 1-row upsert into its own table), against the
-           small merges' warm p50 afterwards, one at a time (the ``fewer`` run with one worker).
+  first    the first worker's first merge once it reports ready (a 1-row upsert into a small table), against the
+           small merges' warm p50 afterwards, one at a time (the ``fewer`` run with one worker). The other workers
+           start after that merge: any worker running could claim it.
   small    ``--merges`` 1-row upserts submitted at once, round-robin over the tables: merges per minute (first
            submission to last finish), submit-to-finished p50/p95, engine time (``executionTimeMs``) p50/p95, and
            CPU seconds per merge (Spark JVM + workers + API, from /proc, over the run).
@@ -207,7 +208,7 @@ class Stack:
 
 
 def first_merges(stack: Stack, timeout: float) -> list[Finished]:
-    """Each worker started, waited for until ready, then given one 1-row merge of its own at a time."""
+    """Each worker started and waited for until ready; the first, alone, given one 1-row merge."""
     finished: list[Finished] = []
     for i, worker in enumerate(stack.workers):
         worker.start()
