@@ -88,6 +88,13 @@ SourceIn = Annotated[
 ]
 
 EngineName = Literal["builtin", "delta"]
+DeletionVectorsChoice = Annotated[
+    Literal["auto", "off"],
+    Field(
+        description='Delta\'s spark.databricks.delta.merge.deletionVectors.persistent for this merge: "auto" '
+        'writes deletion vectors where the table enables them, "off" rewrites the touched files instead.'
+    ),
+]
 CallbackUrl = Annotated[
     StrictStr,
     Field(
@@ -147,6 +154,7 @@ class StructuredMergeIn(_Strict):
     when_not_matched_by_source: list[NotMatchedBySourceClause] = Field(default_factory=list)
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
+    deletion_vectors: DeletionVectorsChoice = "auto"
     engine: EngineName | None = None
     callback: CallbackUrl | None = None
 
@@ -158,6 +166,7 @@ class SqlMergeIn(_Strict):
     sql: NonEmpty
     schema_evolution: StrictBool = False
     dry_run: StrictBool = False
+    deletion_vectors: DeletionVectorsChoice = "auto"
     engine: EngineName | None = None
     callback: CallbackUrl | None = None
 
@@ -193,6 +202,7 @@ class AutoCdcMergeIn(_Strict):
     source: SourceIn
     auto_cdc: AutoCdcIn
     dry_run: StrictBool = False
+    deletion_vectors: DeletionVectorsChoice = "auto"
     engine: EngineName | None = None
     callback: CallbackUrl | None = None
 

@@ -109,6 +109,7 @@ def _build_auto_cdc(body: AutoCdcMergeIn, roots: LakeRoots) -> BuiltMerge:
         stored_as_scd_type=cdc.stored_as_scd_type,
         track_history_column_list=names(cdc.track_history_column_list),
         track_history_except_column_list=names(cdc.track_history_except_column_list),
+        deletion_vectors=body.deletion_vectors,
     )
     try:
         spec = engine.validate_auto_cdc(spec)
@@ -277,6 +278,7 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
         target=roots.resolve(target, "sql"),
         source=source,
         schema_evolution=spec.schema_evolution or body.schema_evolution,
+        deletion_vectors=body.deletion_vectors,
     )
     return spec, target
 
@@ -308,6 +310,7 @@ def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:
         target_alias=body.target_alias,
         source_alias=body.source_alias,
         schema_evolution=body.schema_evolution,
+        deletion_vectors=body.deletion_vectors,
     )
 
 

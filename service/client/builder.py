@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 def table_source(path: str, format: str = "delta", options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -45,6 +45,7 @@ class MergeBuilder:
     when_not_matched_by_source: tuple[dict[str, Any], ...] = ()
     schema_evolution: bool = False
     dry_run: bool = False
+    deletion_vectors: Literal["auto", "off"] = "auto"
 
     def _add(self, kind: str, clause: dict[str, Any]) -> MergeBuilder:
         changes: dict[str, Any] = {kind: (*getattr(self, kind), clause)}
@@ -77,6 +78,10 @@ class MergeBuilder:
     def as_dry_run(self) -> MergeBuilder:
         return dataclasses.replace(self, dry_run=True)
 
+    def rewriting_files(self) -> MergeBuilder:
+        """Touched files rewritten even where the table enables deletion vectors (``deletion_vectors`` off)."""
+        return dataclasses.replace(self, deletion_vectors="off")
+
     def to_spec(self) -> dict[str, Any]:
         return {
             "target": self.target,
@@ -89,6 +94,7 @@ class MergeBuilder:
             "when_not_matched_by_source": list(self.when_not_matched_by_source),
             "schema_evolution": self.schema_evolution,
             "dry_run": self.dry_run,
+            "deletion_vectors": self.deletion_vectors,
         }
 
 

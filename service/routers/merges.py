@@ -125,8 +125,12 @@ def submit_merge(
     engine_name = engines.chosen_engine(body.engine, engines.DEFAULT_ENGINE if auto_cdc else settings.default_engine)
     engines.check_engine(engine_name, dry_run=built.dry_run, auto_cdc=auto_cdc)
     callback_url = callback_urls.check_submission(body.callback, caller.fingerprint, settings)
-    # The callback lives in its own column: bodies without one keep the form (and Idempotency-Key hash) they had.
-    stored = engines.stored_body(body.model_dump(mode="json", by_alias=True, exclude={"callback"}), engine_name)
+    # The callback lives in its own column, and the default deletion-vector choice is left out: bodies without
+    # either keep the form (and Idempotency-Key hash) they had before these fields existed.
+    dumped = body.model_dump(mode="json", by_alias=True, exclude={"callback"})
+    if dumped.get("deletion_vectors") == "auto":
+        del dumped["deletion_vectors"]
+    stored = engines.stored_body(dumped, engine_name)
     request_hash = None
     if idempotency_key is not None:
         hashed = stored if body.callback is None else {**stored, "callback": body.callback}

@@ -3,14 +3,17 @@ server process, SQLite job table, Delta tables on disk checked with deltalake.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake.table import TableFeatures
 
 from tests.e2e.harness import finished_job, serving, upsert_body
 
@@ -140,3 +143,61 @@ def test_a_broken_check_constraint_fails_the_job_and_keeps_the_table(service: di
     job = wait_for(base, httpx.post(f"{base}/merges", json=body, timeout=10).json()["id"])
     assert job["status"] == "succeeded", job
     assert DeltaTable(str(table)).to_pyarrow_table().sort_by("id").to_pydict() == {"id": [1, 2], "balance": [5, 5]}
+
+
+def _dv_table(path: Path) -> Path:
+    """Three rows in one file, with deletion vectors enabled as Databricks creates tables."""
+    write_deltalake(str(path), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
+    dt = DeltaTable(str(path))
+    dt.alter.add_feature([TableFeatures.DeletionVectors], allow_protocol_versions_increase=True)
+    dt.alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+    return path
+
+
+def _newest_commit(table: Path) -> list[dict[str, Any]]:
+    version = DeltaTable(str(table)).version()
+    lines = (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize(
+    ("form", "choice"), [("spec", None), ("spec", "auto"), ("spec", "off"), ("sql", "off"), ("sql", None)]
+)
+def test_a_merge_chooses_deletion_vectors_or_a_rewrite(service: dict[str, Any], form: str, choice: str | None) -> None:
+    """``deletion_vectors``: ``auto`` (the default) writes a vector where the table enables them, ``off`` rewrites
+    the touched file as Delta does with ``merge.deletionVectors.persistent`` false; the rows are the same."""
+    base, lake = service["base"], service["lake"]
+    table = _dv_table(lake / f"dv-choice-{form}-{choice}")
+    body: dict[str, Any]
+    if form == "spec":
+        body = upsert_body(table, [{"id": 2, "v": "B"}, {"id": 4, "v": "d"}], "id BIGINT, v STRING")
+    else:
+        body = {
+            "sql": f"MERGE INTO delta.`{table}` AS t USING (SELECT 2L AS id, 'B' AS v UNION ALL SELECT 4L, 'd') AS s "
+            "ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+        }
+    if choice is not None:
+        body["deletion_vectors"] = choice
+    response = httpx.post(f"{base}/merges", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    job = wait_for(base, response.json()["id"])
+    assert job["status"] == "succeeded", job
+    actions = _newest_commit(table)
+    adds = [a["add"] for a in actions if "add" in a]
+    removes = [a["remove"] for a in actions if "remove" in a]
+    written = choice != "off"
+    assert any("deletionVector" in a for a in adds) == written, actions
+    assert job["metrics"]["numTargetDeletionVectorsAdded"] == (1 if written else 0)
+    assert job["metrics"]["numTargetRowsCopied"] == (0 if written else 2)
+    if not written:  # the touched file is removed and its rows written again
+        assert len(removes) == 1 and removes[0]["path"] not in {a["path"] for a in adds}, actions
+    rows = QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT id, v FROM t ORDER BY id").read_all()
+    assert pa.table(rows).to_pydict() == {"id": [1, 2, 3, 4], "v": ["a", "B", "c", "d"]}
+
+
+def test_an_unknown_deletion_vectors_choice_is_422_naming_it(service: dict[str, Any]) -> None:
+    base, lake = service["base"], service["lake"]
+    body = {**upsert_body(lake / "customers", [{"id": 1}], "id BIGINT"), "deletion_vectors": "always"}
+    response = httpx.post(f"{base}/merges", json=body, timeout=10)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == ["deletion_vectors"]

@@ -212,6 +212,9 @@ def test_idempotency_key(client: TestClient, target: str) -> None:
     assert (first.status_code, again.status_code) == (202, 200)
     assert again.json()["id"] == first.json()["id"]
     assert again.headers["location"] == first.headers["location"]
+    spelled = client.post("/merges", json={**spec(target), "deletion_vectors": "auto"}, headers=headers)
+    assert (spelled.status_code, spelled.json()["id"]) == (200, first.json()["id"])  # the default, spelled out
+    assert_problem(client.post("/merges", json={**spec(target), "deletion_vectors": "off"}, headers=headers), 409)
     conflict = client.post("/merges", json=spec(target, on="t.id = s.id AND t.amount > 0"), headers=headers)
     assert_problem(conflict, 409)
     assert queued(client) == 1

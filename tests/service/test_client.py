@@ -76,6 +76,7 @@ def test_builder_spec_equals_the_hand_written_one() -> None:
         .when_not_matched_by_source_update(set={"name": "'gone'"}, condition="t.id > 10")
         .when_not_matched_by_source_delete()
         .with_schema_evolution()
+        .rewriting_files()
     )
     assert built.to_spec() == {
         "target": "/lake/t",
@@ -97,6 +98,7 @@ def test_builder_spec_equals_the_hand_written_one() -> None:
         ],
         "schema_evolution": True,
         "dry_run": False,
+        "deletion_vectors": "off",
     }
 
 

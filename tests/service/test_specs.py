@@ -125,6 +125,27 @@ def test_source_options_take_json_scalars_as_spark_strings(tmp_path: Any) -> Non
         )
 
 
+@pytest.mark.parametrize("choice", [None, "auto", "off"])
+def test_the_deletion_vectors_choice_reaches_every_kind_of_merge(tmp_path: Any, choice: str | None) -> None:
+    """Structured, SQL and AUTO CDC bodies all carry ``deletion_vectors`` to the engine's spec, ``auto`` when absent."""
+    from service.paths import LakeRoots
+
+    target, source = str(tmp_path / "t"), {"rows": [{"id": 1}], "schema": "id BIGINT"}
+    bodies: list[dict[str, Any]] = [
+        {"target": target, "source": source, "on": "t.id = s.id", "when_not_matched": [{"action": "insert_all"}]},
+        {
+            "sql": f"MERGE INTO delta.`{target}` AS t USING (SELECT 1L AS id) AS s ON t.id = s.id "
+            "WHEN MATCHED THEN DELETE"
+        },
+        {"target": target, "source": source, "auto_cdc": {"keys": ["id"], "sequence_by": "id"}},
+    ]
+    for body in bodies:
+        if choice is not None:
+            body["deletion_vectors"] = choice
+        built = specs.build_merge(specs.parse_request(body), LakeRoots([tmp_path]))
+        assert built.spec.deletion_vectors == (choice or "auto"), body
+
+
 @pytest.mark.parametrize("column", ["amount", "my col", "x:y", "`a.b`"])
 def test_a_refused_value_names_its_column_whole(tmp_path: Any, column: str) -> None:
     """The field at fault is the one the engine's error carries, whatever characters the column's name holds."""
