@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -61,9 +62,10 @@ class JobControl:
         self._done.set()
 
     def on_progress(self, phase: str) -> None:
-        """The engine's safe points. Raising here stops the merge; at ``committing`` it is the last chance."""
-        if self.timeline is not None and phase in SEGMENTS:
-            self.timeline.mark(phase)
+        """The engine's safe points. Raising here stops the merge; at ``committing`` it is the last chance. The
+        job's time counts the phase from this call, but only once the phase is entered: a merge stopped here never
+        spent time in it."""
+        entered_at = datetime.now(UTC)
         with self._lock:
             if self.lease_lost:
                 raise LeaseLostError(f"Job {self.lease.job_id} attempt {self.lease.attempt}: lease lost.")
@@ -89,6 +91,8 @@ class JobControl:
             # The engine redoes a merge whose commit lost a race from a fresh snapshot: any phase after
             # "committing" means that commit ended without landing, and the attempt may be interrupted again.
             self.commit_started = phase == Phase.COMMITTING.value
+        if self.timeline is not None and phase in SEGMENTS:
+            self.timeline.mark(phase, entered_at)
         log.info("job phase", phase=phase)
 
     def interrupt(self, why: str) -> None:

@@ -201,8 +201,11 @@ def test_cancel_seen_at_the_commit_safe_point(settings: Settings, manager: JobMa
 
     runner = FakeRunner(request_cancel)
     make_worker(settings, manager, runner).run_once()
-    assert manager.get(job_id).status is Status.CANCELLED
+    job = manager.get(job_id)
+    assert job.status is Status.CANCELLED
     assert runner.committed == []
+    # Stopped on its way into committing: its time ends in writing, never in a phase it did not enter.
+    assert job.timings is not None and "writing" in job.timings and "committing" not in job.timings, job.timings
 
 
 def test_cancel_after_the_commit_started_does_not_interrupt(settings: Settings, manager: JobManager) -> None:
