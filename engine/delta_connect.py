@@ -30,6 +30,7 @@ from engine.errors import (
     ConcurrentModificationError,
     InvariantViolationError,
     MergeCancelledError,
+    MergeExecutionError,
     MergeServiceEngineError,
     MergeSpecError,
     MultipleMatchError,
@@ -47,6 +48,11 @@ from engine.validation import column_path, validate_spec
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 SCHEMA_AUTO_MERGE_CONF = "spark.databricks.delta.schema.autoMerge.enabled"
+NO_DELTA_ON_SERVER = (
+    "The Spark Connect server has no Delta Lake: it cannot resolve delta.`<path>`, though the table exists. The "
+    '"delta" engine needs a cluster with Delta\'s SQL extension (io.delta.sql.DeltaSparkSessionExtension) and catalog '
+    '(org.apache.spark.sql.delta.catalog.DeltaCatalog); on this one, use the "builtin" engine.'
+)
 PERSISTENT_DELETION_VECTORS_CONF = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 DRY_RUN_REFUSED = (
@@ -222,6 +228,9 @@ def _delta_error(exc: PySparkException) -> MergeServiceEngineError:
     with contextlib.suppress(Exception):
         condition = exc.getCondition() or ""
     text = str(exc)
+    if condition.startswith("TABLE_OR_VIEW_NOT_FOUND") and "`delta`." in text[:500]:
+        # The target was read from its log before the statement: only a Spark without Delta misses it.
+        return MergeExecutionError(NO_DELTA_ON_SERVER)
     for prefixes, kind in _DELTA_ERRORS:
         if condition.startswith(prefixes) or any(p in text[:300] for p in prefixes):
             return kind(spark_error_message(exc))

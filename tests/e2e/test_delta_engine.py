@@ -421,3 +421,13 @@ def test_the_deletion_vectors_choice_reaches_deltas_merge(
     # deltalake does not read deletion vectors: Delta does.
     merged = delta_spark.read.format("delta").load(str(table))
     assert (merged.count(), merged.where("id = 3").first()["name"]) == (20, "three")  # type: ignore[index]
+
+
+def test_a_spark_without_delta_fails_the_merge_saying_so(spark: SparkSession, tmp_path: Path) -> None:
+    """The product's own Spark Connect server has no Delta: Spark's "table not found" for a table that exists
+    becomes what is missing, and the table is untouched."""
+    table = customers(tmp_path, "no-delta")
+    with pytest.raises(engine_errors.MergeExecutionError, match="has no Delta Lake") as failed:
+        engine.run_delta_merge(spark, upsert_spec(table, tmp_path), txn=engine.AppTransaction("no-delta", 1))
+    assert "DeltaSparkSessionExtension" in str(failed.value) and '"builtin"' in str(failed.value)
+    assert DeltaTable(str(table)).version() == 0
