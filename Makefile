@@ -18,7 +18,7 @@ check-java:
 
 run: $(STAMP) check-java
 	$(BIN)/merge-service migrate
-	$(BIN)/merge-service serve --host 127.0.0.1 --port 8000
+	$(BIN)/merge-service serve
 
 test: $(STAMP) check-java
 	$(BIN)/ruff check engine service tests bench

@@ -205,14 +205,14 @@ def _install_sigterm() -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="merge-service", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text, port in (
-        ("serve", "the API and its workers in one process", 8000),
-        ("api", "the API only", 8000),
-        ("worker", "merge workers, with /healthz, /readyz and /metrics", None),
+    for name, help_text, port_setting in (
+        ("serve", "the API and its workers in one process", "MERGE_SERVICE_PORT, else 8000"),
+        ("api", "the API only", "MERGE_SERVICE_PORT, else 8000"),
+        ("worker", "merge workers, with /healthz, /readyz and /metrics", "MERGE_SERVICE_WORKER_PORT, else 8001"),
     ):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=port)
+        p.add_argument("--host", default=None, help="default: MERGE_SERVICE_HOST, else 127.0.0.1")
+        p.add_argument("--port", type=int, default=None, help=f"default: {port_setting}")
         if name != "worker":
             p.add_argument(
                 "--api-processes",
@@ -252,11 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if processes < 1:
                 raise SystemExit("merge-service: --api-processes must be at least 1")
+            host, port = args.host or settings.host, args.port or settings.port
             if args.command == "serve":
-                return cmd_serve(settings, args.host, args.port, api_processes=processes)
-            return cmd_api(settings, args.host, args.port, processes)
+                return cmd_serve(settings, host, port, api_processes=processes)
+            return cmd_api(settings, host, port, processes)
         if args.command == "worker":
-            return cmd_serve(settings, args.host, args.port or settings.worker_port, with_api=False, migrate=False)
+            host, port = args.host or settings.host, args.port or settings.worker_port
+            return cmd_serve(settings, host, port, with_api=False, migrate=False)
         if args.command == "demo":
             return cmd_demo(settings, args.url)
     except KeyboardInterrupt:

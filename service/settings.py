@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     log_json: bool = True
     access_log: bool = True
     """One log line per HTTP request (uvicorn's access log, rendered like every other line)."""
+    host: str = "127.0.0.1"
+    """The address ``merge-service serve``, ``api`` and ``worker`` listen on (``--host`` overrides it)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """The API's port for ``serve`` and ``api`` (``--port`` overrides it)."""
     worker_port: int = 8001
     """Where ``merge-service worker`` serves /healthz, /readyz and /metrics."""
     list_limit_max: int = 200

@@ -128,13 +128,16 @@ def serving(
         "MERGE_SERVICE_SPARK_REMOTE": spark_remote,
         "MERGE_SERVICE_LAKE_ROOTS": str(lake),
         "MERGE_SERVICE_WORKERS": "1",
+        # Where to listen, as settings rather than flags: `make run` starts `serve` with neither.
+        "MERGE_SERVICE_HOST": "127.0.0.1",
+        "MERGE_SERVICE_PORT": str(port),
         **env,
     }
     subprocess.run([str(BIN / "merge-service"), "migrate"], env=environment, check=True, cwd=home, timeout=120)
     log_path = home / "serve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [str(BIN / "merge-service"), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            [str(BIN / "merge-service"), "serve"],
             env=environment,
             cwd=home,
             stdout=log,
