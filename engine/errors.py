@@ -73,9 +73,10 @@ class MultipleMatchError(MergeServiceEngineError):
 
 
 class DataCastError(MergeServiceEngineError):
-    """A value does not fit its target column under ANSI store assignment."""
+    """A value does not fit the type it is cast to under ANSI rules: a target column's (store assignment), or the
+    type an expression compares or computes it in."""
 
-    title = "Value does not fit its column"
+    title = "Value does not fit its type"
 
 
 class MergeExecutionError(MergeServiceEngineError):

@@ -44,7 +44,7 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
             "DATETIME_OVERFLOW",
         )
     ):
-        return DataCastError(f"A value does not fit its target column: {first}")
+        return DataCastError(f"A value does not fit the type it is cast, compared or assigned to (ANSI): {first}")
     if condition.startswith(("UNRESOLVED_", "AMBIGUOUS_", "DATATYPE_MISMATCH", "INVALID_", "WRONG_NUM_ARGS")):
         return MergeResolutionError(first)
     if _is_storage_failure(exc, condition, text):
