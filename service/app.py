@@ -75,7 +75,9 @@ def create_app(
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = _problem_media_types(
-                get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+                _without_impossible_422(
+                    get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+                )
             )
         return app.openapi_schema
 
@@ -91,6 +93,23 @@ def create_process_app() -> FastAPI:
     settings = Settings()
     configure_logging(settings.log_level, json=settings.log_json)
     return create_app(settings)
+
+
+_CONSTRAINTS = frozenset({"minLength", "maxLength", "pattern", "format", "enum", "minimum", "maximum"})
+
+
+def _without_impossible_422(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI documents a 422 for every operation with a parameter; one whose only parameters are unconstrained
+    path strings (a job's id) and that takes no body can never answer it: an unknown id is a 404."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            parameters = operation.get("parameters", [])
+            if "requestBody" not in operation and all(
+                p["in"] == "path" and p["schema"].get("type") == "string" and not _CONSTRAINTS & set(p["schema"])
+                for p in parameters
+            ):
+                operation.get("responses", {}).pop("422", None)
+    return schema
 
 
 def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:

@@ -56,3 +56,8 @@ class RequestValidationProblem(ServiceError):
         self.field = field
         self.message = message
         self.title = title
+
+
+class InvalidParameterProblem(RequestValidationProblem):
+    """A query parameter that has the API's shape but cannot be valid (a table filter outside the lake); ``field``
+    is ``query <name>``."""

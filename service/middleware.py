@@ -1,5 +1,5 @@
-"""Around the handlers: the request body limit (413 before any parsing), strict JSON bodies (422 for what is not
-JSON) and HTTP request metrics."""
+"""Around the handlers: the request body limit (413 before any parsing), strict JSON bodies (415 for a body not
+sent as JSON, 422 for one that is not JSON) and HTTP request metrics."""
 
 from __future__ import annotations
 
@@ -58,16 +58,45 @@ class StrictJsonRequest(Request):
         return self._json
 
 
+def is_json_media_type(content_type: str) -> bool:
+    """``application/json`` or a ``+json`` type, whatever its parameters (``charset``) and case."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 class StrictJsonRoute(APIRoute):
-    """A route whose JSON body is read by ``loads_strict``."""
+    """A route whose JSON body is read by ``loads_strict``, and refused with 415 when it is sent as anything but
+    JSON: FastAPI would otherwise validate it as text and answer that a dictionary was expected."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def strict(request: Request) -> Response:
-            return await handler(StrictJsonRequest(request.scope, request.receive))
+            strict_request = StrictJsonRequest(request.scope, request.receive)
+            if takes_body:
+                content_type = request.headers.get("content-type")
+                if content_type is None:
+                    refused = bool(await strict_request.body())  # no body at all: the missing body's 422
+                else:
+                    refused = not is_json_media_type(content_type)
+                if refused:
+                    return _not_json(request, content_type)
+            return await handler(strict_request)
 
         return strict
+
+
+def _not_json(request: Request, content_type: str | None) -> Response:
+    sent = "no Content-Type" if content_type is None else f"Content-Type {content_type!r}"
+    return problem(
+        status=415,
+        instance=request.url.path,
+        title="Body is not JSON",
+        detail=f"The request body must be JSON sent with Content-Type: application/json; this one has {sent}.",
+        type_="urn:merge-service:problem:unsupported-media-type",
+        headers={"Accept-Post": "application/json"},
+    )
 
 
 class BodyLimitMiddleware:

@@ -27,6 +27,7 @@ from service.errors import (
     DatabaseUnavailableError,
     IdempotencyConflictError,
     InvalidCursorError,
+    InvalidParameterProblem,
     InvalidTransitionError,
     JobNotFoundError,
     LeaseLostError,
@@ -53,6 +54,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     # The API's own refusals and the service's errors.
     RequestValidationError: "invalid-request",
     InvalidCursorError: "invalid-request",
+    InvalidParameterProblem: "invalid-request",
     RequestValidationProblem: "invalid-merge",
     JobNotFoundError: "job-not-found",
     IdempotencyConflictError: "idempotency-conflict",
@@ -163,20 +165,32 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
+SCALAR_MEMBERS = {"str": "string_type", "bool": "bool_type", "int": "int_type", "float": "float_type"}
+"""The members of a union of scalars (a source option's value) as pydantic names them at the end of an error's
+location, with the error each gives when the value is none of them."""
+
+
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
-    errors = []
+    errors: list[dict[str, str]] = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":  # its loc is the body and a character offset
             reason = (err.get("ctx") or {}).get("error") or "JSON decode error"
             errors.append({"field": "body", "message": f"the body is not valid JSON: {reason}"})
             continue
         loc = tuple(err.get("loc", ()))
+        message = str(err.get("msg", "invalid"))
+        union_member = len(loc) > 1 and SCALAR_MEMBERS.get(str(loc[-1])) == err.get("type")
+        if union_member:  # one error per member tried: the value's field once, naming every member
+            loc = loc[:-1]
         field = field_path(loc)
         if loc and loc[0] == "header":
             field = f"header {field}"
         elif loc and loc[0] == "query":
             field = f"query {field}"
-        errors.append({"field": field, "message": str(err.get("msg", "invalid"))})
+        if union_member and errors and errors[-1]["field"] == field:
+            errors[-1]["message"] += " or " + message.removeprefix("Input should be ")
+            continue
+        errors.append({"field": field, "message": message})
     return errors
 
 

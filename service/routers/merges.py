@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from service import callback_urls, engines
 from service.deps import AuthDep, ManagerDep, MetricsDep, RootsDep, SettingsDep
+from service.errors import InvalidParameterProblem, RequestValidationProblem
 from service.jobs import JobRecord, NewJob, Status
 from service.middleware import StrictJsonRoute
 from service.problems import cancelled_problem
@@ -107,6 +108,7 @@ def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
         200: {"model": JobOut, "description": "The job this Idempotency-Key already created.", "headers": JOB_HEADERS},
         409: _problem("The Idempotency-Key was used with another body."),
         413: _problem("The body is over the configured limit."),
+        415: _problem("The body is not sent as JSON (`Content-Type: application/json`)."),
         422: _problem("The merge cannot be valid; `errors` names the field at fault."),
         **COMMON_ERRORS,
     },
@@ -173,7 +175,12 @@ def list_merges(
     ] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.", max_length=1024)] = None,
 ) -> Response:
-    target_key = roots.resolve(target, "target") if target else None
+    target_key = None
+    if target:
+        try:
+            target_key = roots.resolve(target, "query target")
+        except RequestValidationProblem as exc:
+            raise InvalidParameterProblem(exc.field, exc.message, title=exc.title) from exc
     items, next_cursor = manager.list_jobs(
         status=status,
         target_key=target_key,

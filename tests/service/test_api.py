@@ -3,6 +3,7 @@ leave nothing in the queue."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -254,6 +255,8 @@ def test_pagination_newest_first(client: TestClient, target: str) -> None:
     # Over the maximum is served as the maximum, not refused.
     assert len(client.get("/merges", params={"limit": 100_000}).json()["items"]) == 5
     assert_problem(client.get("/merges", params={"status": "done"}), 422, "query status")
+    outside = assert_problem(client.get("/merges", params={"target": "/etc"}), 422, "query target")
+    assert outside["type"].endswith(":invalid-request") and outside["title"] == "Path outside the lake"
 
 
 def test_cancel(client: TestClient, target: str) -> None:
@@ -369,7 +372,11 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert set(doc["paths"]) == {"/merges", "/merges/{id}", "/merges/{id}/cancel", "/healthz", "/readyz", "/metrics"}
     post = doc["paths"]["/merges"]["post"]
-    assert set(post["responses"]) >= {"202", "200", "401", "409", "413", "422", "503"}
+    assert set(post["responses"]) == {"202", "200", "401", "409", "413", "415", "422", "503"}
+    # A job's id is any string (an unknown one is a 404): no 422 is possible, so none is documented.
+    assert set(doc["paths"]["/merges/{id}"]["get"]["responses"]) == {"200", "401", "404", "503"}
+    assert set(doc["paths"]["/merges/{id}/cancel"]["post"]["responses"]) == {"202", "401", "404", "503"}
+    assert set(doc["paths"]["/merges"]["get"]["responses"]) == {"200", "401", "422", "503"}
     assert "application/problem+json" in post["responses"]["422"]["content"]
     assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key"}
     body = post["requestBody"]["content"]["application/json"]["schema"]
@@ -381,3 +388,31 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
     assert "HTTPValidationError" not in str(doc)
     job = doc["components"]["schemas"]["JobOut"]
     assert set(job["properties"]) == JOB_FIELDS | {"callback", "timings"}  # present on some jobs only
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_is_415(client: TestClient, target: str, content_type: str | None) -> None:
+    """The body is a valid spec; only its Content-Type is wrong, and the answer says so instead of a 422."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    response = client.post("/merges", content=json.dumps(spec(target)).encode(), headers=headers)
+    problem = assert_problem(response, 415)
+    assert problem["type"] == "urn:merge-service:problem:unsupported-media-type"
+    assert "application/json" in problem["detail"] and response.headers["accept-post"] == "application/json"
+    assert client.get("/merges").json()["items"] == []
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "APPLICATION/JSON", "application/x+json"])
+def test_json_bodies_are_taken_whatever_their_parameters(client: TestClient, target: str, content_type: str) -> None:
+    response = client.post("/merges", content=json.dumps(spec(target)).encode(), headers={"Content-Type": content_type})
+    assert response.status_code == 202, response.text
+
+
+def test_a_source_option_of_the_wrong_type_is_one_error_naming_the_option(client: TestClient, target: str) -> None:
+    body = {**spec(target), "source": {"format": "csv", "path": f"{target}/in.csv", "options": {"sep": {"x": 1}}}}
+    problem = assert_problem(client.post("/merges", json=body), 422, "source.options.sep")
+    assert problem["errors"] == [
+        {
+            "field": "source.options.sep",
+            "message": "Input should be a valid string or a valid boolean or a valid integer or a valid number",
+        }
+    ]
