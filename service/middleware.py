@@ -58,7 +58,7 @@ class StrictJsonRequest(Request):
         return self._json
 
 
-def is_json_media_type(content_type: str) -> bool:
+def _is_json_media_type(content_type: str) -> bool:
     """``application/json`` or a ``+json`` type, whatever its parameters (``charset``) and case."""
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
@@ -79,7 +79,7 @@ class StrictJsonRoute(APIRoute):
                 if content_type is None:
                     refused = bool(await strict_request.body())  # no body at all: the missing body's 422
                 else:
-                    refused = not is_json_media_type(content_type)
+                    refused = not _is_json_media_type(content_type)
                 if refused:
                     return _not_json(request, content_type)
             return await handler(strict_request)

@@ -165,7 +165,7 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
-SCALAR_MEMBERS = {"str": "string_type", "bool": "bool_type", "int": "int_type", "float": "float_type"}
+_SCALAR_MEMBERS = {"str": "string_type", "bool": "bool_type", "int": "int_type", "float": "float_type"}
 """The members of a union of scalars (a source option's value) as pydantic names them at the end of an error's
 location, with the error each gives when the value is none of them."""
 
@@ -179,7 +179,7 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
             continue
         loc = tuple(err.get("loc", ()))
         message = str(err.get("msg", "invalid"))
-        union_member = len(loc) > 1 and SCALAR_MEMBERS.get(str(loc[-1])) == err.get("type")
+        union_member = len(loc) > 1 and _SCALAR_MEMBERS.get(str(loc[-1])) == err.get("type")
         if union_member:  # one error per member tried: the value's field once, naming every member
             loc = loc[:-1]
         field = field_path(loc)
