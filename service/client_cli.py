@@ -22,6 +22,7 @@ from service.client import (
 )
 
 EXIT_SUCCEEDED = 0
+EXIT_USAGE = 2  # as argparse exits on arguments it cannot parse
 EXIT_FAILED = 3
 EXIT_CANCELLED = 4
 EXIT_TIMED_OUT = 5
@@ -57,7 +58,18 @@ def add_parsers(sub: Any) -> None:
     listing = sub.add_parser("list", parents=[common], help="list jobs, newest first")
     listing.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
     listing.add_argument("--target", default=None)
-    listing.add_argument("--limit", type=int, default=50, help="at most this many jobs (default 50)")
+    listing.add_argument("--limit", type=_positive, default=50, help="at most this many jobs (default 50)")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+class UsageError(Exception):
+    """Arguments argparse accepts but that cannot make a request together."""
 
 
 def _read(name: str) -> str:
@@ -67,11 +79,19 @@ def _read(name: str) -> str:
 def _request(args: argparse.Namespace) -> Any:
     if args.sql is not None:
         if args.file is not None:
-            raise SystemExit("merge-service submit: give a FILE or --sql, not both")
-        return args.sql if args.sql.lstrip().upper().startswith("MERGE") else Path(args.sql).read_text()
+            raise UsageError("give a FILE or --sql, not both")
+        return _sql_text(args.sql)
     if args.file is None:
-        raise SystemExit("merge-service submit: give a FILE (- for stdin) or --sql")
+        raise UsageError("give a FILE (- for stdin) or --sql")
     return json.loads(_read(args.file))
+
+
+def _sql_text(value: str) -> str:
+    """``--sql`` names a file when one is there (``merge.sql`` is a name, not a statement; ``-`` is stdin), else
+    it is the statement. A value with no space in it cannot be a statement: it is a file, missing or not."""
+    if value == "-" or Path(value).is_file() or not any(c.isspace() for c in value.strip()):
+        return _read(value)
+    return value
 
 
 class Progress:
@@ -136,6 +156,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         with MergeClient(url, token) as client:
             return _run(args, client)
+    except UsageError as exc:
+        print(f"merge-service {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except WaitTimeoutError as exc:
         print(f"\nmerge-service: {exc}", file=sys.stderr)
         return EXIT_TIMED_OUT

@@ -60,12 +60,14 @@ def running_service(directory: Path, spark_remote: str, **env: str) -> Iterator[
         home.close()
 
 
-def run_cli(*args: str, url: str, stdin: str | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, url: str, stdin: str | None = None, timeout: float = 120.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args, "--url", url],
         input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=cwd or Path(__file__).resolve().parents[2],
     )

@@ -25,6 +25,7 @@ from service.client_cli import (
     EXIT_SUCCEEDED,
     EXIT_TIMED_OUT,
     EXIT_UNREACHABLE,
+    EXIT_USAGE,
     Progress,
 )
 from tests.service.client_service import SCHEMA, Service, free_port, run_cli, running_service
@@ -58,14 +59,33 @@ def test_submit_from_stdin_with_wait_succeeds(service: Service) -> None:
 
 
 def test_sql_from_a_file_that_fails_exits_failed(service: Service, tmp_path: Path) -> None:
+    """A file named like a statement (``merge.sql``, relative) is read, not sent as the statement."""
     target = service.table("sqlfile")
-    sql_file = tmp_path / "merge.sql"
-    sql_file.write_text(
+    (tmp_path / "merge.sql").write_text(
         f"MERGE INTO delta.`{target}` AS t USING (SELECT 1 AS id) AS s ON t.id = s.nope WHEN MATCHED THEN DELETE"
     )
-    done = run_cli("submit", "--sql", str(sql_file), "--wait", url=service.url)
+    done = run_cli("submit", "--sql", "merge.sql", "--wait", url=service.url, cwd=tmp_path)
     assert done.returncode == EXIT_FAILED, done.stderr
     assert json.loads(done.stdout)["error"]["type"] == "urn:merge-service:problem:merge-resolution"
+
+
+def test_sql_text_that_opens_with_a_comment_is_the_statement(service: Service) -> None:
+    target = service.table("sqlcomment")
+    sql = f"-- nightly\nMERGE INTO delta.`{target}` AS t USING (SELECT 7 AS id, 'x' AS name) AS s ON t.id = s.id "
+    done = run_cli("submit", "--sql", sql + "WHEN NOT MATCHED THEN INSERT *", "--wait", url=service.url)
+    assert done.returncode == EXIT_SUCCEEDED, done.stderr
+    assert json.loads(done.stdout)["result"]["num_inserted_rows"] == 1
+
+
+def test_arguments_that_make_no_request_exit_usage(service: Service, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text("{}")
+    for args in (("submit", str(spec), "--sql", "MERGE INTO t"), ("submit",), ("list", "--limit", "0")):
+        done = run_cli(*args, url=service.url)
+        assert done.returncode == EXIT_USAGE, (args, done.stderr)
+        assert done.stderr.strip(), args
+    missing = run_cli("submit", "--sql", "nightly.sql", url=service.url, cwd=tmp_path)
+    assert missing.returncode == EXIT_ERROR and "nightly.sql" in missing.stderr
 
 
 def test_refused_unknown_and_unreachable_exit_codes(service: Service) -> None:
