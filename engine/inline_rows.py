@@ -161,7 +161,8 @@ def _parse_timestamp(value: Any, with_zone: bool) -> dt.datetime:
     parsed = dt.datetime.fromisoformat(value.strip().replace(" ", "T", 1) if "T" not in value else value.strip())
     if with_zone:
         return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
-    return parsed.replace(tzinfo=None) if parsed.tzinfo is None else parsed.astimezone(dt.UTC).replace(tzinfo=None)
+    # TIMESTAMP_NTZ keeps the wall-clock time and drops an offset, as Spark's CAST of the same text does.
+    return parsed.replace(tzinfo=None)
 
 
 def _integer(value: Any, bits: int) -> int:

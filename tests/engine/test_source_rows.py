@@ -7,6 +7,7 @@ import decimal
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import SparkSession
 
 from engine import rows_to_arrow
 from engine.errors import SourceError, SourceRowError
@@ -78,3 +79,13 @@ def test_not_null_in_the_schema_is_kept_and_enforced() -> None:
         with pytest.raises(SourceRowError, match=r"rows\[1\]\.id: NULL in a NOT NULL column") as info:
             rows_to_arrow([{"id": 1}, row], "id BIGINT NOT NULL, name STRING")
         assert (info.value.row, info.value.column) == (1, "id")
+
+
+@pytest.mark.parametrize(
+    "text", ["2024-01-01 00:00:00+02:00", "2024-01-01T23:30:00-05:00", "2024-01-01T00:00:00Z", "2024-03-04 05:06:07"]
+)
+def test_a_timestamp_ntz_keeps_its_wall_clock_time_as_spark_casts_it(spark: SparkSession, text: str) -> None:
+    """The same text as an inline row and in a SQL source's CAST lands as the same value."""
+    (row,) = rows_to_arrow([{"ts": text}], "ts TIMESTAMP_NTZ").to_pylist()
+    (cast,) = spark.sql(f"SELECT CAST('{text}' AS TIMESTAMP_NTZ) AS ts").collect()
+    assert row["ts"] == cast["ts"]
