@@ -201,22 +201,28 @@ def _refusal(target: CallbackTarget, address: IpAddress, kind: str) -> CallbackU
     )
 
 
+_LOOPBACKS = (ip_address("127.0.0.1"), ip_address("::1"))
+
+
 def _is_localhost(host: str) -> bool:
     """``localhost`` and its subdomains always mean this machine (RFC 6761), whatever DNS says."""
     return host == "localhost" or host.endswith(".localhost")
 
 
 def check_literal_host(target: CallbackTarget, allowlist: Allowlist) -> None:
-    """A URL whose host is an internal address outside the listed networks, or ``localhost`` not listed by
-    name, is refused without asking DNS."""
+    """A URL whose host is an internal address outside the listed networks, or ``localhost`` unless both its name
+    and a loopback network are listed (its addresses are loopback whatever DNS says), is refused without asking
+    DNS."""
     if target.literal is not None:
         kind = forbidden_kind(target.literal)
         if kind is not None and not allowlist.allows_address(target.literal):
             raise _refusal(target, target.literal, kind)
-    elif _is_localhost(target.host) and not allowlist.lists(target):
+    elif _is_localhost(target.host) and not (
+        allowlist.lists(target) and any(allowlist.allows_address(a) for a in _LOOPBACKS)
+    ):
         raise CallbackUrlError(
             f"{target.host} is a loopback name; callbacks may not go to internal addresses unless "
-            "MERGE_SERVICE_CALLBACK_ALLOWED_HOSTS allows them"
+            "MERGE_SERVICE_CALLBACK_ALLOWED_HOSTS lists the name and a loopback network (127.0.0.1, ::1)"
         )
 
 

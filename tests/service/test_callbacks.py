@@ -520,6 +520,21 @@ def test_without_a_secret_callbacks_are_refused(settings: Settings, store: JobMa
     assert api.post("/merges", json=merge_body(lake)).status_code == 202
 
 
+def test_localhost_needs_its_name_and_a_loopback_network_listed(
+    cb_settings: Settings, store: JobManager, lake: Path
+) -> None:
+    """``localhost`` is loopback whatever DNS says: listed by name alone, every send would be refused, so the
+    submission is."""
+    for hosts, status in ((["localhost"], 422), (["localhost", "127.0.0.0/8"], 202), (["::1", "localhost"], 202)):
+        listed = cb_settings.model_copy(update={"callback_allowed_hosts": hosts})
+        api = TestClient(create_app(listed, manager=store), raise_server_exceptions=False)
+        response = api.post("/merges", json=merge_body(lake, callback="http://localhost:8699/hook"))
+        assert response.status_code == status, (hosts, response.text)
+        if status == 422:
+            assert [e["field"] for e in response.json()["errors"]] == ["callback"]
+            assert "a loopback network" in response.json()["detail"]
+
+
 def test_the_allowlist_admits_internal_hosts_and_networks(cb_settings: Settings, store: JobManager, lake: Path) -> None:
     allowed = cb_settings.model_copy(update={"callback_allowed_hosts": ["hooks.internal", "10.2.0.0/16", "::1"]})
     api = TestClient(create_app(allowed, manager=store), raise_server_exceptions=False)
