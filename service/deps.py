@@ -86,12 +86,13 @@ async def require_token(
     """Bearer tokens (see ``authenticate``)."""
     caller = authenticate(settings, credentials.credentials if credentials is not None else None)
     if caller is None:
-        raise HTTPException(
-            status_code=401,
-            detail="A valid bearer token is required (Authorization: Bearer <token>).",
-            headers={"WWW-Authenticate": 'Bearer realm="merge-service"'},
-        )
+        raise unauthorized("A valid bearer token is required (Authorization: Bearer <token>).")
     return caller
+
+
+def unauthorized(detail: str) -> HTTPException:
+    """The 401 every refused token gets: a problem document with the challenge RFC 9110 asks of a 401."""
+    return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": 'Bearer realm="merge-service"'})
 
 
 AuthDep = Annotated[Caller, Depends(require_token)]

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import Caller, ManagerDep, MetricsDep, SettingsDep, authenticate
+from service.deps import Caller, ManagerDep, MetricsDep, SettingsDep, authenticate, unauthorized
 from service.errors import InvalidCursorError, JobNotFoundError
 from service.jobs import JobRecord, Status
 from service.manager import JobManager
@@ -139,7 +139,7 @@ def live(request: Request, settings: SettingsDep, manager: ManagerDep) -> Respon
     """What the page refreshes: the counts per status and the running merges' phases."""
     caller, _, _ = _caller(request, settings)
     if caller is None:
-        return _security_headers(JSONResponse({"detail": "sign in again"}, status_code=401))
+        raise unauthorized("Sign in again: the page's token is no longer valid (or a bearer token is required).")
     counts = manager.status_counts(owner=caller.owner)
     running = manager.running(owner=caller.owner)
     body = {

@@ -61,7 +61,9 @@ def test_without_a_token_the_page_asks_for_one_and_never_reads_it_from_the_url(a
     client = TestClient(app, base_url=BASE)
     assert client.get("/ui", follow_redirects=False).headers["location"] == "/ui/login"
     assert client.get(f"/ui?token={ADMIN}", follow_redirects=False).status_code == 303
-    assert client.get("/ui/live.json").status_code == 401
+    live = client.get("/ui/live.json")
+    assert live.status_code == 401 and live.headers["content-type"].startswith("application/problem+json")
+    assert live.headers["www-authenticate"].startswith("Bearer") and live.json()["status"] == 401
     login = client.get("/ui/login")
     assert 'type="password"' in login.text and 'method="post"' in login.text
     wrong = client.post("/ui/login", data={"token": "guess"}, headers={"Origin": BASE})
