@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -189,10 +190,23 @@ def cmd_demo(settings: Settings, url: str) -> int:
         "when_matched": [{"action": "update_all"}],
         "when_not_matched": [{"action": "insert_all"}],
     }
+    # With tokens configured every request needs one; the command reads it from the client's variable.
+    auth = (
+        f' -H "Authorization: Bearer ${client_cli.ENV_TOKEN}"' if settings.api_tokens or settings.admin_tokens else ""
+    )
     print("\nUpsert two rows (one update, one insert):\n")
-    print(f"curl -s -X POST {url}/merges -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}")
-    print(f"\nThen poll the job it answers:\n\ncurl -s {url}/merges/<id>")
+    print(f"curl -s -X POST {url}/merges{auth} -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}")
+    print(f"\nThen poll the job it answers:\n\ncurl -s{auth} {url}/merges/<id>")
     return 0
+
+
+def demo_url(settings: Settings) -> str:
+    """Where this deployment answers: the client's ``MERGE_SERVICE_URL``, else the configured host and port (a
+    wildcard bind is reached on loopback)."""
+    if url := os.environ.get(client_cli.ENV_URL):
+        return url.rstrip("/")
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
 
 
 def _install_sigterm() -> None:
@@ -224,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
     sub.add_parser("migrate", help="bring the job database's schema up to date")
     demo = sub.add_parser("demo", help="create a small Delta table and print a merge to try")
-    demo.add_argument("--url", default="http://127.0.0.1:8000")
+    demo.add_argument(
+        "--url", default=None, help="the service (default: MERGE_SERVICE_URL, else MERGE_SERVICE_HOST and _PORT)"
+    )
     client_cli.add_parsers(sub)
     return parser
 
@@ -260,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             host, port = args.host or settings.host, args.port or settings.worker_port
             return cmd_serve(settings, host, port, with_api=False, migrate=False)
         if args.command == "demo":
-            return cmd_demo(settings, args.url)
+            return cmd_demo(settings, args.url or demo_url(settings))
     except KeyboardInterrupt:
         return 0
     except DatabaseUnavailableError as exc:

@@ -72,6 +72,27 @@ def test_migrate_then_demo(tmp_path: Path, monkeypatch: object, capsys: object) 
     assert main(["demo"]) == 0  # a second run keeps the table
 
 
+def test_demo_prints_commands_for_this_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed commands reach the configured port and carry a token when the deployment asks for one."""
+    for key, value in _env(tmp_path).items():
+        if key.startswith("MERGE_SERVICE_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MERGE_SERVICE_PORT", "8611")
+    monkeypatch.setenv("MERGE_SERVICE_API_TOKENS", "tok-a")
+    monkeypatch.delenv("MERGE_SERVICE_URL", raising=False)
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    post = next(line for line in out.splitlines() if line.startswith("curl -s -X POST"))
+    assert post.startswith(
+        'curl -s -X POST http://127.0.0.1:8611/merges -H "Authorization: Bearer $MERGE_SERVICE_TOKEN"'
+    )
+    monkeypatch.setenv("MERGE_SERVICE_URL", "http://merges.internal:9000/")
+    assert main(["demo"]) == 0
+    assert "curl -s -X POST http://merges.internal:9000/merges " in capsys.readouterr().out
+
+
 def test_api_process_waits_for_schema_serves_and_stops(tmp_path: Path) -> None:
     proc, port = _start_api(_env(tmp_path))
     try:
