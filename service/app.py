@@ -39,7 +39,7 @@ def create_app(
     settings = settings or Settings()
     owns_manager = manager is None
     manager = manager or JobManager.from_url(settings.database_url, lease_seconds=settings.lease_seconds)
-    metrics = metrics or ServiceMetrics()
+    metrics = metrics or ServiceMetrics(workers=bool(workers))
     metrics.watch_queue(manager)
     readiness = DatabaseReadiness(manager, settings.readiness_timeout_seconds)
 

@@ -130,8 +130,8 @@ def cmd_serve(
         manager.migrate()
     else:
         _wait_for_schema(manager)
-    metrics = ServiceMetrics()
     count = settings.workers if with_api else max(1, settings.workers)
+    metrics = ServiceMetrics(workers=count > 0)
     workers = _workers(settings, manager, metrics, count)
     app = create_app(settings, manager=manager, metrics=metrics, workers=workers, include_merges=with_api)
     for worker in workers:

@@ -42,9 +42,11 @@ class QueueCollector(Collector):
 
 
 class ServiceMetrics:
-    """One registry per process (API and in-process workers share it)."""
+    """One registry per process (API and in-process workers share it). ``workers``: the process runs merge
+    workers. Without them their metrics are kept off the registry, so an API process exports no series it never
+    sets (a NaN gauge from every API process would make a sum over the deployment NaN)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, workers: bool = True) -> None:
         self.registry = registry or CollectorRegistry()
         self._queue_registered = False
         self._lock = threading.Lock()
@@ -75,41 +77,41 @@ class ServiceMetrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
-        self._worker_metrics()
+        self._worker_metrics(self.registry if workers else CollectorRegistry())
         self._http_metrics()
 
-    def _worker_metrics(self) -> None:
+    def _worker_metrics(self, registry: CollectorRegistry) -> None:
         """What a worker process reports about Spark, its warm-up and its callbacks."""
         self.spark_executors = Gauge(
             "merge_spark_executors",
             "Executors the Spark Connect application can run tasks on, as a worker's readiness check last read "
             "them from the driver (0: merges wait for a task that never starts; NaN: not known).",
-            registry=self.registry,
+            registry=registry,
         )
         self.spark_executors.set(math.nan)
         self.warm_up_seconds = Gauge(
             "merge_worker_warm_up_seconds",
             "How long the worker's throwaway first merge took before it claimed work (NaN: not run or failed).",
-            registry=self.registry,
+            registry=registry,
         )
         self.warm_up_seconds.set(math.nan)
         self.callback_deliveries = Counter(
             "merge_callback_deliveries",
             "Completion callback attempts, by outcome: delivered, retry (will be tried again), failed (given up).",
             ["outcome"],
-            registry=self.registry,
+            registry=registry,
         )
         self.callback_delivery_seconds = Histogram(
             "merge_callback_delivery_seconds",
             "Time from a callback's event (a job's start or end) to its delivery.",
             buckets=WAIT_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self.callback_request_seconds = Histogram(
             "merge_callback_request_seconds",
             "Time one completion callback request took, whatever the receiver answered.",
             buckets=WAIT_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
 
     def _http_metrics(self) -> None:
