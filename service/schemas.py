@@ -32,12 +32,20 @@ class _Strict(BaseModel):
 # --- sources --------------------------------------------------------------------------------------------------
 
 
+def _option_texts(options: dict[str, str | bool | int | float]) -> dict[str, str]:
+    """Spark's reader options are strings (JSON's true/false are Spark's "true"/"false"): taken as text here, so
+    ``true`` and ``"true"`` make the same body, stored and compared for an Idempotency-Key alike."""
+    return {key: ("true" if v else "false") if isinstance(v, bool) else str(v) for key, v in options.items()}
+
+
 class TableSourceIn(_Strict):
     format: Literal["delta", "parquet", "json", "csv"]
     path: NonEmpty
-    options: dict[str, StrictStr | StrictBool | StrictInt | StrictFloat] = Field(
-        default_factory=dict,
-        description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings.",
+    options: Annotated[dict[str, StrictStr | StrictBool | StrictInt | StrictFloat], AfterValidator(_option_texts)] = (
+        Field(
+            default_factory=dict,
+            description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings.",
+        )
     )
 
 

@@ -136,7 +136,7 @@ def _structured_source(source: Any, roots: LakeRoots) -> Any:
     return engine.TableSource(
         format=source.format,
         path=roots.resolve(source.path, "source.path"),
-        options={k: _option_text(v) for k, v in source.options.items()},
+        options=dict(source.options),
     )
 
 
@@ -281,13 +281,6 @@ def _from_sql(body: SqlMergeIn, roots: LakeRoots) -> tuple[Any, str]:
         deletion_vectors=body.deletion_vectors,
     )
     return spec, target
-
-
-def _option_text(value: str | bool | int | float) -> str:
-    """Spark's reader options are strings; JSON's true/false are Spark's "true"/"false"."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def _from_structured(body: StructuredMergeIn, roots: LakeRoots) -> Any:

@@ -221,6 +221,21 @@ def test_idempotency_key(client: TestClient, target: str) -> None:
     assert queued(client) == 1
 
 
+def test_reader_options_given_as_json_or_as_text_are_one_body(client: TestClient, target: str) -> None:
+    """``true`` and ``"true"`` are the same option to Spark: the same Idempotency-Key finds the same job."""
+    headers = {"Idempotency-Key": "csv-7"}
+    path = str(Path(target).parent / "source.csv")
+
+    def csv(options: dict[str, Any]) -> dict[str, Any]:
+        return spec(target, source={"format": "csv", "path": path, "options": options})
+
+    first = client.post("/merges", json=csv({"header": True, "samplingRatio": 0.5}), headers=headers)
+    again = client.post("/merges", json=csv({"header": "true", "samplingRatio": "0.5"}), headers=headers)
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["id"] == first.json()["id"]
+    assert_problem(client.post("/merges", json=csv({"header": False}), headers=headers), 409)
+
+
 def test_idempotency_key_is_scoped_per_token(settings: Settings, target: str) -> None:
     secured = settings.model_copy(update={"api_tokens": ["s3cret", "other"]})
     manager = JobManager.from_url(secured.database_url)
