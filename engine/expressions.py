@@ -8,6 +8,8 @@ without a table: the rules on what an expression may call (``engine.expression_r
 
 from __future__ import annotations
 
+import re
+
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
@@ -97,6 +99,31 @@ def _check_tree(node: exp.Expression, text: str, where: str) -> None:
         stack.extend((child, depth + 1) for child in current.iter_expressions())
 
 
+_TOKEN_REPR = re.compile(r"<Token token_type: TokenType\.(?P<type>\w+), text: (?P<text>.*?), line: \d+, col: \d+.*?>")
+_MISSING_ARGUMENT = re.compile(r"Required keyword: '\w+' missing for <class '[\w.]+'>")
+
+
+def parse_error_text(exc: Exception) -> str:
+    """What went wrong parsing, in the caller's terms: where (line, and the text there) and what was expected,
+    without the parser's own objects (its token and class reprs)."""
+    if not isinstance(exc, ParseError) or not exc.errors:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if first.startswith("Error tokenizing"):
+            return "a string or a quoted name is not closed"
+        return first
+    error = exc.errors[0]
+    description = _MISSING_ARGUMENT.sub("incomplete or unexpected syntax", str(error.get("description") or ""))
+    description = _TOKEN_REPR.sub(
+        lambda m: "the end of the text" if m["type"] == "SENTINEL" else repr(m["text"]), description
+    )
+    highlight = str(error.get("highlight") or "")
+    line = error.get("line")
+    where = f"line {line}" if line else ""
+    if highlight and highlight != "SENTINEL":
+        where += f" near {highlight!r}"
+    return f"{description} ({where.strip()})" if where.strip() else description
+
+
 def parse_expression(text: str, where: str) -> exp.Expression:
     """One Spark SQL expression; ``where`` names its place in the spec for the error message. Its size is
     bounded (length, nesting, tree depth and parts) so no input can exhaust the parser's or Spark's stack."""
@@ -105,17 +132,11 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     _check_size(text, where)
     try:
         parsed = sqlglot.parse(quote_dereferenced_names(text), read=DIALECT)
-    except ParseError as exc:
-        first = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(
-            f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}", field=where
-        ) from None
     except RecursionError:
         raise MergeSpecError(f"{where}: {_excerpt(text)} nests too deeply to parse.", field=where) from None
     except Exception as exc:
-        first = f"{type(exc).__name__}: {exc}"
         raise MergeSpecError(
-            f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {first}", field=where
+            f"{where}: cannot parse {_excerpt(text)} as a Spark SQL expression: {parse_error_text(exc)}", field=where
         ) from None
     if len(parsed) != 1 or parsed[0] is None:
         raise MergeSpecError(f"{where}: expected one expression, got {_excerpt(text)}.", field=where)
@@ -131,11 +152,8 @@ def parse_query(text: str, where: str) -> exp.Query:
     """One Spark SQL query (SELECT, set operations, WITH, VALUES)."""
     try:
         parsed = sqlglot.parse(text, read=DIALECT)
-    except ParseError as exc:
-        first = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"{where}: cannot parse the source query: {first}", field=where) from None
     except Exception as exc:
-        raise MergeSpecError(f"{where}: cannot parse the source query: {type(exc).__name__}", field=where) from None
+        raise MergeSpecError(f"{where}: cannot parse the source query: {parse_error_text(exc)}", field=where) from None
     if len(parsed) != 1 or not isinstance(parsed[0], exp.Query):
         raise MergeSpecError(f"{where}: the source query must be one SELECT.", field=where)
     return parsed[0]

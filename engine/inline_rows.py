@@ -21,6 +21,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from engine.errors import SourceError, SourceRowError
+from engine.expressions import parse_error_text
 from engine.spark_dialect import DIALECT
 
 MAX_NESTING = 32
@@ -124,7 +125,7 @@ def ddl_to_arrow(ddl: str) -> pa.Schema:
     try:
         create = sqlglot.parse_one(f"CREATE TABLE t ({ddl})", read=DIALECT)
     except ParseError as exc:
-        detail = exc.errors[0]["description"] if exc.errors else str(exc)
+        detail = parse_error_text(exc)
         raise SourceError(
             f"schema: cannot parse {_text(ddl)} as a Spark DDL column list: {detail}", field="schema"
         ) from None

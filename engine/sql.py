@@ -11,12 +11,11 @@ from typing import Literal, cast
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
 
 from engine.delta import quote_identifier, quote_path
 from engine.errors import MergeSpecError
 from engine.expression_rules import check_source_query, spark_text, visible_ctes
-from engine.expressions import DIALECT, MAX_EXPRESSION_NESTING, nesting_depth, sql
+from engine.expressions import DIALECT, MAX_EXPRESSION_NESTING, nesting_depth, parse_error_text, sql
 from engine.identifiers import InvalidIdentifierError, quote_merge_names
 from engine.spark_dialect import check_kept
 from engine.spec import (
@@ -143,6 +142,8 @@ def _action(when: exp.When, where: str) -> Action:
         items = then.expressions
         if len(items) == 1 and _star(items[0], where):
             return UpdateAction(star=True)
+        if not items:
+            raise MergeSpecError(f"{where}: UPDATE SET needs at least one column = expression.", field=where)
         return UpdateAction(set=_assignments(items, where))
     if isinstance(then, exp.Insert):
         if _star(then.this, where):
@@ -242,13 +243,8 @@ def _merge_statement(text: str) -> exp.Merge:
         raise MergeSpecError(f"sql: {exc}", field="sql") from None
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
-    except ParseError as exc:
-        detail = exc.errors[0]["description"] if exc.errors else str(exc)
-        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {detail}", field="sql") from None
     except Exception as exc:
-        raise MergeSpecError(
-            f"sql: cannot parse the MERGE statement: {type(exc).__name__}: {exc}", field="sql"
-        ) from None
+        raise MergeSpecError(f"sql: cannot parse the MERGE statement: {parse_error_text(exc)}", field="sql") from None
     if len(statements) != 1 or not isinstance(statements[0], exp.Merge):
         raise MergeSpecError("sql: expected exactly one MERGE INTO statement.", field="sql")
     check_kept(text, sql(statements[0], "sql"), "sql", grammar=_MERGE_GRAMMAR)

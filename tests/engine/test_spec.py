@@ -169,6 +169,27 @@ def test_every_parse_failure_is_a_spec_error(text: str) -> None:
         parse_merge_sql(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "MERGE INTO delta.`/l/t` t USING delta.`/l/s`@v0 s ON t.id = s.id WHEN MATCHED THEN DELETE",
+            "unexpected syntax",
+        ),
+        ("MERGE INTO delta.`/l/t` t USING delta.`/l/s` s ON t.id = = s.id WHEN MATCHED THEN DELETE", "near '='"),
+        ("MERGE INTO delta.`/l/t` t USING delta.`/l/s` s ON (t.id = s.id WHEN MATCHED THEN DELETE", "Expecting )"),
+        ("MERGE INTO delta.`/l/t` t USING delta.`/l/s` s ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = 'x", "closed"),
+        ("MERGE INTO delta.`/l/t` t USING delta.`/l/s` s ON t.id = s.id WHEN MATCHED THEN UPDATE SET", "UPDATE SET"),
+    ],
+)
+def test_a_statement_that_does_not_parse_says_where_in_the_callers_terms(text: str, message: str) -> None:
+    """The refusal names the place and what was expected, never the parser's own objects."""
+    with pytest.raises(MergeSpecError) as info:
+        parse_merge_sql(text)
+    assert message in str(info.value) and info.value.field.startswith("sql")
+    assert not any(inner in str(info.value) for inner in ("<Token", "<class", "sqlglot", "TokenType"))
+
+
 SIDES = Sides("t", "s", frozenset({"id", "day", "v"}), frozenset({"id", "day", "n"}))
 
 
