@@ -355,10 +355,22 @@ class Resolver:
         self, f: StructField, is_update: bool, generated: bool, default: tuple[str, bool], where: str
     ) -> tuple[str, bool] | None:
         """UPDATE SET * and INSERT *: the source column of the same name; None where the column keeps its default
-        (a generated column, computed later, or a column the source lacks under schema evolution)."""
+        (a generated column, computed later, or a column the source lacks under schema evolution). Under schema
+        evolution an UPDATE keeps the target's value of the struct fields the source lacks."""
         src = self._source_field(f.name)
         if src is not None:
-            return (f"{quote_identifier(self.s)}.{quote_identifier(src.name)}", True)
+            text = f"{quote_identifier(self.s)}.{quote_identifier(src.name)}"
+            if (
+                is_update
+                and self.spec.schema_evolution
+                and isinstance(src.dataType, StructType)
+                and isinstance(f.dataType, StructType)
+                and _lacks_fields(src.dataType, f.dataType)
+            ):
+                # Delta assigns such a struct field by field: what the source lacks keeps the target's value.
+                tree = _star_update_tree(src.dataType, f.dataType, text)
+                return (self._nested_update_sql(f, tree, "matched", f"{where}.set"), True)
+            return (text, True)
         if generated or self.spec.schema_evolution:
             return None
         kind = "UPDATE SET" if is_update else "INSERT"
@@ -408,6 +420,8 @@ class Resolver:
                 sub = node.get(f.name.lower())
                 if isinstance(sub, dict):
                     collect(f.dataType, sub, f"{prefix}.{f.name}")  # type: ignore[arg-type]
+                elif isinstance(sub, _BuiltSql):
+                    leaves.append((f"{prefix}.{f.name}", sub))
                 elif sub is not None:
                     leaf_where = f"{prefix}.{f.name}"
                     leaves.append((leaf_where, self._scoped_sql(sub, clause_type, leaf_where)))
@@ -439,6 +453,50 @@ class Resolver:
             column.name.lower(), f"{quote_identifier(self.t)}.{quote_identifier(column.name)}"
         )
         return build(base, column.dataType, tree)
+
+
+class _BuiltSql(str):
+    """SQL the resolution wrote itself (qualified, names quoted), not a text of the spec's."""
+
+    __slots__ = ()
+
+
+def _lacks_fields(source: StructType, target: StructType) -> bool:
+    """Whether the source struct lacks a field of the target's, at any depth through structs."""
+    by_name = {f.name.lower(): f for f in source.fields}
+    for f in target.fields:
+        sf = by_name.get(f.name.lower())
+        if sf is None:
+            return True
+        if (
+            isinstance(sf.dataType, StructType)
+            and isinstance(f.dataType, StructType)
+            and _lacks_fields(sf.dataType, f.dataType)
+        ):
+            return True
+    return False
+
+
+def _star_update_tree(source: StructType, target: StructType, text: str) -> dict[str, Any]:
+    """UPDATE SET * under schema evolution of a struct the source lacks fields of, as Delta resolves it: one
+    assignment per source field, nested where that field's struct lacks fields too (the shape
+    ``_nested_update_sql`` takes). A field the source has whole is assigned whole, NULL included."""
+    by_name = {f.name.lower(): f for f in source.fields}
+    tree: dict[str, Any] = {}
+    for f in target.fields:
+        sf = by_name.get(f.name.lower())
+        if sf is None:
+            continue
+        value = _BuiltSql(f"{text}.{quote_identifier(sf.name)}")
+        if (
+            isinstance(sf.dataType, StructType)
+            and isinstance(f.dataType, StructType)
+            and _lacks_fields(sf.dataType, f.dataType)
+        ):
+            tree[f.name.lower()] = _star_update_tree(sf.dataType, f.dataType, value)
+        else:
+            tree[f.name.lower()] = value
+    return tree
 
 
 def _spark_message(exc: BaseException) -> str:

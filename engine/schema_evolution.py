@@ -1,10 +1,11 @@
 """Delta's schema evolution in MERGE (``autoMerge``): with UPDATE SET * or INSERT *, the source's columns the
-target lacks are added, and struct columns gain the fields the source's structs add, at any depth; a type that
+target lacks are added, and struct columns gain the fields the source's structs add, at any depth (in arrays and
+maps too); a type that
 cannot be stored into the existing column is a schema mismatch."""
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, DataType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from engine.delta.type_widening import is_schema_evolution_widening, widened_field
 from engine.errors import MergeResolutionError, SchemaMismatchError
@@ -84,4 +85,10 @@ def evolved_type(existing: DataType, source: DataType) -> DataType | None:
     if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
         element = evolved_type(existing.elementType, source.elementType)
         return None if element is None else ArrayType(element, existing.containsNull)
+    if isinstance(existing, MapType) and isinstance(source, MapType):
+        key = evolved_type(existing.keyType, source.keyType)
+        value = evolved_type(existing.valueType, source.valueType)
+        if key is None and value is None:
+            return None
+        return MapType(key or existing.keyType, value or existing.valueType, existing.valueContainsNull)
     return None

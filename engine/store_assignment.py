@@ -116,6 +116,10 @@ def needs_struct_by_name(source: DataType, target: DataType) -> bool:
         )
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
         return needs_struct_by_name(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return needs_struct_by_name(source.keyType, target.keyType) or needs_struct_by_name(
+            source.valueType, target.valueType
+        )
     return False
 
 
@@ -158,11 +162,30 @@ def struct_by_name(
             element, source.elementType, target.elementType, allow_missing=allow_missing, where=where, depth=depth + 1
         )
         return f"transform({text}, {element} -> {inner})"
+    if isinstance(source, MapType) and isinstance(target, MapType) and needs_struct_by_name(source, target):
+        return _map_by_name(text, source, target, allow_missing=allow_missing, where=where, depth=depth)
     if source != target and not can_ansi_cast(source, target):
         raise MergeResolutionError(
             f"{where}: cannot store {source.simpleString()} into {target.simpleString()} under ANSI store assignment.",
             field=where,
         )
+    return text
+
+
+def _map_by_name(text: str, source: MapType, target: MapType, *, allow_missing: bool, where: str, depth: int) -> str:
+    """A map's values, then its keys, stored by name where they hold structs (a positional cast would pair the
+    wrong fields of a struct inside a map as it would anywhere else)."""
+    key, value = internal_column(f"key_{depth}"), internal_column(f"value_{depth}")
+    if needs_struct_by_name(source.valueType, target.valueType):
+        inner = struct_by_name(
+            value, source.valueType, target.valueType, allow_missing=allow_missing, where=where, depth=depth + 1
+        )
+        text = f"transform_values({text}, ({key}, {value}) -> {inner})"
+    if needs_struct_by_name(source.keyType, target.keyType):
+        inner = struct_by_name(
+            key, source.keyType, target.keyType, allow_missing=allow_missing, where=where, depth=depth + 1
+        )
+        text = f"transform_keys({text}, ({key}, {value}) -> {inner})"
     return text
 
 

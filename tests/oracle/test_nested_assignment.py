@@ -1,0 +1,133 @@
+"""Structs assigned inside other types, checked against Delta on Spark on copies of one table Delta created:
+fields paired by name inside maps (keys and values), schema evolution of structs inside maps, and UPDATE SET *
+under schema evolution of a struct the source lacks fields of (Delta keeps the target's value of those fields)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine import parse_merge_sql, run_merge
+from tests.oracle.tables import make_delta_table, table_ref
+
+UPSERT_STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
+MAP_OF_STRUCTS = "id BIGINT, m MAP<STRING, STRUCT<a: INT, b: INT>>"
+REORDERED_MAP = "id BIGINT, m MAP<STRING, STRUCT<b: INT, a: INT>>"
+REORDERED_ROWS = "(1, map('k', named_struct('b', 20, 'a', 10))), (2, map('q', named_struct('b', 200, 'a', 100)))"
+
+# (target DDL, target rows, source DDL, source rows, WITH SCHEMA EVOLUTION, clauses)
+CASES: dict[str, tuple[str, str, str, str, bool, str]] = {
+    "map value struct by name, SET": (
+        MAP_OF_STRUCTS,
+        "(1, map('k', named_struct('a', 1, 'b', 2)))",
+        REORDERED_MAP,
+        REORDERED_ROWS,
+        False,
+        "WHEN MATCHED THEN UPDATE SET m = s.m WHEN NOT MATCHED THEN INSERT (id, m) VALUES (s.id, s.m)",
+    ),
+    "map value struct by name, star": (
+        MAP_OF_STRUCTS,
+        "(1, map('k', named_struct('a', 1, 'b', 2)))",
+        REORDERED_MAP,
+        REORDERED_ROWS,
+        False,
+        UPSERT_STAR,
+    ),
+    "map key struct by name": (
+        "id BIGINT, m MAP<STRUCT<x: INT, y: INT>, STRING>",
+        "(1, map(named_struct('x', 1, 'y', 2), 'a'))",
+        "id BIGINT, m MAP<STRUCT<y: INT, x: INT>, STRING>",
+        "(1, map(named_struct('y', 20, 'x', 10), 'b')), (2, map(named_struct('y', 4, 'x', 3), 'c'))",
+        False,
+        UPSERT_STAR,
+    ),
+    "map value gains a field": (
+        "id BIGINT, m MAP<STRING, STRUCT<a: INT>>",
+        "(1, map('k', named_struct('a', 1))), (3, map('z', named_struct('a', 9)))",
+        "id BIGINT, m MAP<STRING, STRUCT<a: INT, b: INT>>",
+        "(1, map('k', named_struct('a', 2, 'b', 3))), (2, map('q', named_struct('a', 4, 'b', 5)))",
+        True,
+        UPSERT_STAR,
+    ),
+    "map value lacks a field": (
+        MAP_OF_STRUCTS,
+        "(1, map('k', named_struct('a', 1, 'b', 2)))",
+        "id BIGINT, m MAP<STRING, STRUCT<a: INT>>",
+        "(1, map('k', named_struct('a', 5))), (2, map('q', named_struct('a', 6)))",
+        True,
+        UPSERT_STAR,
+    ),
+    "map key gains a field": (
+        "id BIGINT, m MAP<STRUCT<x: INT>, INT>",
+        "(1, map(named_struct('x', 1), 1))",
+        "id BIGINT, m MAP<STRUCT<x: INT, y: INT>, INT>",
+        "(1, map(named_struct('x', 5, 'y', 6), 2))",
+        True,
+        UPSERT_STAR,
+    ),
+    "update star keeps fields the source lacks": (
+        "id BIGINT, st STRUCT<a: INT, b: STRING>",
+        "(1, named_struct('a', 1, 'b', 'x')), (2, named_struct('a', 2, 'b', 'y')), "
+        "(3, CAST(NULL AS STRUCT<a: INT, b: STRING>))",
+        "id BIGINT, st STRUCT<a: INT>",
+        "(1, named_struct('a', 9)), (2, CAST(NULL AS STRUCT<a: INT>)), (3, named_struct('a', 7)), "
+        "(4, named_struct('a', 8))",
+        True,
+        UPSERT_STAR,
+    ),
+    "update star keeps nested fields the source lacks": (
+        "id BIGINT, st STRUCT<a: INT, inner: STRUCT<x: INT, y: STRING>, p: STRUCT<u: INT>>",
+        "(1, named_struct('a', 1, 'inner', named_struct('x', 1, 'y', 'keep'), 'p', named_struct('u', 1)))",
+        "id BIGINT, st STRUCT<inner: STRUCT<x: INT, z: INT>, p: STRUCT<u: INT>>",
+        "(1, named_struct('inner', named_struct('x', 7, 'z', 8), 'p', CAST(NULL AS STRUCT<u: INT>)))",
+        True,
+        UPSERT_STAR,
+    ),
+    "update star with added and lacking fields": (
+        "id BIGINT, st STRUCT<a: INT, b: STRING>",
+        "(1, named_struct('a', 1, 'b', 'x')), (2, CAST(NULL AS STRUCT<a: INT, b: STRING>))",
+        "id BIGINT, st STRUCT<a: INT, c: INT>",
+        "(1, named_struct('a', 5, 'c', 6)), (2, named_struct('a', 7, 'c', 8))",
+        True,
+        "WHEN MATCHED THEN UPDATE SET *",
+    ),
+    "update star of a struct the source only widens stays whole": (
+        "id BIGINT, st STRUCT<a: INT>",
+        "(1, named_struct('a', 1)), (2, named_struct('a', 2))",
+        "id BIGINT, st STRUCT<a: INT, c: INT>",
+        "(1, CAST(NULL AS STRUCT<a: INT, c: INT>)), (2, named_struct('a', 3, 'c', 4))",
+        True,
+        "WHEN MATCHED THEN UPDATE SET *",
+    ),
+}
+
+
+def _rows(delta_spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:
+    return sorted((tuple(r) for r in delta_spark.sql(f"SELECT * FROM {table_ref(path)}").collect()), key=str)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_nested_structs_are_assigned_as_delta_assigns_them(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: str
+) -> None:
+    target_ddl, target_rows, source_ddl, source_rows, evolution, clauses = CASES[case]
+    ours = tmp_path / "ours"
+    make_delta_table(delta_spark, ours, target_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {target_rows}"])
+    source = make_delta_table(
+        delta_spark, tmp_path / "source", source_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {source_rows}"]
+    )
+    theirs = tmp_path / "theirs"
+    shutil.copytree(ours, theirs)
+    statement = (
+        f"MERGE {'WITH SCHEMA EVOLUTION ' if evolution else ''}INTO {{target}} AS t USING {table_ref(source)} AS s "
+        f"ON t.id = s.id {clauses}"
+    )
+    run_merge(spark, parse_merge_sql(statement.format(target=table_ref(ours))))
+    delta_spark.sql(statement.format(target=table_ref(theirs))).collect()
+    assert _rows(delta_spark, ours) == _rows(delta_spark, theirs)
+    ours_schema = delta_spark.read.format("delta").load(str(ours)).schema
+    assert ours_schema == delta_spark.read.format("delta").load(str(theirs)).schema
