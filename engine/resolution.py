@@ -332,7 +332,7 @@ class Resolver:
             else:
                 default = ("NULL" if key in new_lower else _column_default(f), True)
             if action.star:
-                value = self._star_value(f, is_update, key in generated, default, where)
+                value = self._star_value(f, is_update, where)
             else:
                 value = self._assigned_value(f, assigned, is_update, ctype, where)
             if value is None:
@@ -351,12 +351,11 @@ class Resolver:
                 )
         return values
 
-    def _star_value(
-        self, f: StructField, is_update: bool, generated: bool, default: tuple[str, bool], where: str
-    ) -> tuple[str, bool] | None:
-        """UPDATE SET * and INSERT *: the source column of the same name; None where the column keeps its default
-        (a generated column, computed later, or a column the source lacks under schema evolution). Under schema
-        evolution an UPDATE keeps the target's value of the struct fields the source lacks."""
+    def _star_value(self, f: StructField, is_update: bool, where: str) -> tuple[str, bool] | None:
+        """UPDATE SET * and INSERT *: the source column of the same name; None where the source lacks the column
+        under schema evolution, which then keeps its default (a generated column is computed later). Without it,
+        Delta refuses a star clause whose source lacks a column, a generated one too. Under schema evolution an
+        UPDATE keeps the target's value of the struct fields the source lacks."""
         src = self._source_field(f.name)
         if src is not None:
             text = f"{quote_identifier(self.s)}.{quote_identifier(src.name)}"
@@ -371,7 +370,7 @@ class Resolver:
                 tree = _star_update_tree(src.dataType, f.dataType, text)
                 return (self._nested_update_sql(f, tree, "matched", f"{where}.set"), True)
             return (text, True)
-        if generated or self.spec.schema_evolution:
+        if self.spec.schema_evolution:
             return None
         kind = "UPDATE SET" if is_update else "INSERT"
         raise MergeResolutionError(
