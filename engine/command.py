@@ -295,7 +295,7 @@ class MergeIntoCommand:
         def predicates(clauses: Sequence[MergeClause]) -> str:
             out = []
             for c in clauses:
-                item = {"actionType": c.action_name}
+                item = {"actionType": c.action_type}
                 if c.condition is not None:
                     item = {"predicate": c.condition, **item}
                 out.append(item)

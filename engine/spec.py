@@ -53,8 +53,14 @@ class MergeClause:
     condition: str | None = None
 
     @property
+    def action_type(self) -> str:
+        """Delta's ``actionType`` in a commit's parameters (``MergePredicate``: the clause type in lower case):
+        update, delete or insert, a star clause's too."""
+        return "delete" if isinstance(self.action, DeleteAction) else self.action.name
+
+    @property
     def action_name(self) -> str:
-        """Delta's ``actionType`` as shown in commit parameters: update, updateAll, delete, insert, insertAll."""
+        """The action as this service names it: update, updateAll, delete, insert, insertAll."""
         if isinstance(self.action, DeleteAction):
             return "delete"
         base = self.action.name

@@ -4,6 +4,7 @@ under schema evolution of a struct the source lacks fields of (Delta keeps the t
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from engine import parse_merge_sql, run_merge
-from tests.oracle.tables import make_delta_table, table_ref
+from tests.oracle.tables import commit_info, latest_version, make_delta_table, table_ref
 
 UPSERT_STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 MAP_OF_STRUCTS = "id BIGINT, m MAP<STRING, STRUCT<a: INT, b: INT>>"
@@ -131,3 +132,12 @@ def test_nested_structs_are_assigned_as_delta_assigns_them(
     assert _rows(delta_spark, ours) == _rows(delta_spark, theirs)
     ours_schema = delta_spark.read.format("delta").load(str(ours)).schema
     assert ours_schema == delta_spark.read.format("delta").load(str(theirs)).schema
+    # Each clause's actionType in the commit is Delta's: a star clause's is update or insert.
+    assert _action_types(theirs, "matchedPredicates") == ["update"]  # every case updates its matches
+    for key in ("matchedPredicates", "notMatchedPredicates"):
+        assert _action_types(ours, key) == _action_types(theirs, key), key
+
+
+def _action_types(path: Path, key: str) -> list[str]:
+    parameters = commit_info(path, latest_version(path))["operationParameters"]
+    return [p["actionType"] for p in json.loads(parameters.get(key, "[]"))]
