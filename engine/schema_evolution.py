@@ -1,7 +1,6 @@
 """Delta's schema evolution in MERGE (``autoMerge``): with UPDATE SET * or INSERT *, the source's columns the
 target lacks are added, and struct columns gain the fields the source's structs add, at any depth (in arrays and
-maps too); a type that
-cannot be stored into the existing column is a schema mismatch."""
+maps too); a type that cannot be stored into the existing column is a schema mismatch."""
 
 from __future__ import annotations
 
