@@ -1,16 +1,19 @@
 """Delta's schema evolution in MERGE (``autoMerge``): with UPDATE SET * or INSERT *, the source's columns the
-target lacks are added, and struct columns gain the fields the source's structs add, at any depth (in arrays and
-maps too); a type that cannot be stored into the existing column is a schema mismatch."""
+target lacks are added (with explicit assignments, those they assign), and struct columns gain the fields the
+source's structs add, at any depth (in arrays and maps too); a type that cannot be stored into the existing column
+is a schema mismatch."""
 
 from __future__ import annotations
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
+from sqlglot import exp
 
 from engine.delta.type_widening import is_schema_evolution_widening, widened_field
-from engine.errors import MergeResolutionError, SchemaMismatchError
-from engine.expressions import quote_identifier
+from engine.errors import MergeResolutionError, MergeSpecError, SchemaMismatchError
+from engine.expressions import parse_expression, quote_identifier
 from engine.spec import InsertAction, MergeSpec, UpdateAction
 from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, sql_type, struct_by_name
+from engine.validation import column_path
 
 
 def evolved_schema(
@@ -22,13 +25,13 @@ def evolved_schema(
     fields = list(target_schema.fields)
     if not spec.schema_evolution:
         return fields, [], {}
-    stars = [c for c in spec.clauses if isinstance(c.action, (UpdateAction, InsertAction)) and c.action.star]
-    if not stars:
+    evolving = _evolving_source_fields(spec, target_schema, source_schema)
+    if not evolving:
         return fields, [], {}
     position = {f.name.lower(): i for i, f in enumerate(fields)}
     new: list[str] = []
     target_values: dict[str, str] = {}
-    for f in source_schema.fields:
+    for f in evolving:
         index = position.get(f.name.lower())
         if index is None:
             fields.append(StructField(f.name, f.dataType, True))
@@ -65,6 +68,44 @@ def evolved_schema(
                 f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
             )
     return fields, new, target_values
+
+
+def _evolving_source_fields(spec: MergeSpec, target_schema: StructType, source_schema: StructType) -> list[StructField]:
+    """The source columns schema evolution takes into the table, in the source's order: every one with UPDATE SET
+    * or INSERT *; else those an explicit ``set`` or ``values`` assigns (Delta 2.3 and later): a column the target
+    lacks that the source has, whatever its value, and a target column assigned its source namesake as it is
+    (``st = s.st``, so a struct gains the source's new fields and a type widens as a star clause's would)."""
+    actions = [c.action for c in spec.clauses if isinstance(c.action, (UpdateAction, InsertAction))]
+    if any(a.star for a in actions):
+        return list(source_schema.fields)
+    target_names = {f.name.lower() for f in target_schema.fields}
+    source_names = {f.name.lower() for f in source_schema.fields}
+    chosen: set[str] = set()
+    for action in actions:
+        items = action.set if isinstance(action, UpdateAction) else action.values
+        for column, value in items.items():
+            try:
+                path = column_path(column, spec.target_alias, target_names)
+            except MergeSpecError:
+                continue  # refused, with its field, where the clause is resolved
+            name = path[0]
+            if len(path) != 1 or name not in source_names:
+                continue
+            if name not in target_names or _is_source_column(value, spec.source_alias, name):
+                chosen.add(name)
+    return [f for f in source_schema.fields if f.name.lower() in chosen]
+
+
+def _is_source_column(value: str, source_alias: str, name: str) -> bool:
+    """Whether an assigned value is the source's column ``name`` itself (``s.name`` or ``name``)."""
+    try:
+        node = parse_expression(value, "value")
+    except MergeSpecError:
+        return False
+    if not isinstance(node, exp.Column) or node.name.lower() != name:
+        return False
+    qualifier = [p.name.lower() for p in node.parts[:-1]]
+    return qualifier in ([], [source_alias.lower()])
 
 
 def evolved_type(existing: DataType, source: DataType) -> DataType | None:

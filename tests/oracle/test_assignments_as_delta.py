@@ -1,6 +1,7 @@
-"""Structs assigned inside other types, checked against Delta on Spark on copies of one table Delta created:
-fields paired by name inside maps (keys and values), schema evolution of structs inside maps, and UPDATE SET *
-under schema evolution of a struct the source lacks fields of (Delta keeps the target's value of those fields)."""
+"""Assignments checked against Delta on Spark on copies of one table Delta created: struct fields paired by name
+inside maps (keys and values), schema evolution of structs inside maps, UPDATE SET * under schema evolution of a
+struct the source lacks fields of (Delta keeps the target's value of those fields), and schema evolution from
+explicit assignments (a source column an UPDATE SET or INSERT names is added, a struct assigned whole evolves)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,38 @@ CASES: dict[str, tuple[str, str, str, str, bool, str]] = {
         "(1, CAST(NULL AS STRUCT<a: INT, c: INT>)), (2, named_struct('a', 3, 'c', 4))",
         True,
         "WHEN MATCHED THEN UPDATE SET *",
+    ),
+    "explicit UPDATE SET adds a source column": (
+        "id BIGINT, v INT",
+        "(1, 1), (2, 2)",
+        "id BIGINT, v INT, w INT",
+        "(1, 2, 3), (3, 4, 5)",
+        True,
+        "WHEN MATCHED THEN UPDATE SET w = s.w WHEN NOT MATCHED THEN INSERT (id, v) VALUES (s.id, s.v)",
+    ),
+    "explicit INSERT adds a source column": (
+        "id BIGINT, v INT",
+        "(1, 1)",
+        "id BIGINT, v INT, w INT",
+        "(1, 9, 9), (2, 4, 5)",
+        True,
+        "WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT (id, w) VALUES (s.id, s.w)",
+    ),
+    "explicit assignment of an expression adds the source's column": (
+        "id BIGINT, v INT",
+        "(1, 1)",
+        "id BIGINT, v INT, w INT",
+        "(1, 2, 3)",
+        True,
+        "WHEN MATCHED THEN UPDATE SET w = s.w * 10 + s.v",
+    ),
+    "explicit struct assignment gains the source's fields": (
+        "id BIGINT, st STRUCT<a: INT>",
+        "(1, named_struct('a', 1)), (2, named_struct('a', 2))",
+        "id BIGINT, st STRUCT<a: INT, b: INT>",
+        "(1, named_struct('a', 2, 'b', 3)), (3, named_struct('a', 4, 'b', 5))",
+        True,
+        "WHEN MATCHED THEN UPDATE SET st = s.st WHEN NOT MATCHED THEN INSERT (id, st) VALUES (s.id, s.st)",
     ),
 }
 
