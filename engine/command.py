@@ -31,7 +31,8 @@ from engine.expressions import sql
 from engine.file_skipping import partitions, skip_files
 from engine.merge_condition import Sides
 from engine.merge_writes import write_merge, writes_deletion_vectors
-from engine.resolution import ResolvedMerge, Resolver
+from engine.resolution import Resolver
+from engine.resolved import ResolvedMerge
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
 from engine.source import source_dataframe
 from engine.source_keys import SourceKeyRanges

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from engine import delta
 from engine.delta import AddFile, Snapshot
 from engine.merge_condition import KeyedOn
-from engine.resolution import ResolvedMerge
+from engine.resolved import ResolvedMerge
 from engine.spark import Observation
 from engine.spec import MergeSpec
 

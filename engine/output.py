@@ -18,7 +18,7 @@ from pyspark.sql.types import StructField
 
 from engine.delta.internal_columns import internal_column
 from engine.expressions import quote_identifier
-from engine.resolution import ResolvedClause
+from engine.resolved import ResolvedClause
 
 SOURCE_ROW_PRESENT_COL = internal_column("source_row_present")
 TARGET_ROW_PRESENT_COL = internal_column("target_row_present")

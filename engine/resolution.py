@@ -9,12 +9,10 @@ learn its type; assigned values are cast to the target column's type under ANSI 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, cast
 
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -30,11 +28,11 @@ from engine.delta import DEFAULT_KEY, GENERATION_KEY, quote_path
 from engine.errors import MergeResolutionError
 from engine.expressions import parse_expression, quote_identifier, sql
 from engine.identity_values import identity_values
-from engine.merge_condition import MergeCondition
+from engine.resolved import ResolvedClause, ResolvedMerge
 from engine.schema_evolution import evolved_schema
-from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
+from engine.spec import InsertAction, MergeClause, UpdateAction
 from engine.store_assignment import sql_string, sql_type, stored_columns, stored_sql
-from engine.target_reads import target_columns_read
+from engine.update_star import BuiltSql, lacks_fields, star_update_tree
 from engine.validation import ParsedMerge, check_scope, clause_where
 
 
@@ -42,68 +40,6 @@ def _column_default(column: StructField) -> str:
     """The column's default value as SQL (allowColumnDefaults' CURRENT_DEFAULT), else NULL."""
     default = (column.metadata or {}).get(DEFAULT_KEY)
     return "NULL" if default is None else str(default)
-
-
-@dataclass
-class ResolvedClause:
-    """A clause ready for output generation: its condition and one value per target output column."""
-
-    clause: MergeClause
-    index: int
-    condition: Column | None
-    condition_sql: str | None
-    values: list[Column] | None = None
-    """One per output column for updates and inserts; None for deletes."""
-
-    @property
-    def kind(self) -> str:
-        """Delta's clause kinds; also the prefix of the precomputed condition column."""
-        name = self.clause.action_name.removesuffix("All")
-        return name if self.clause.clause_type != "notMatchedBySource" else f"{name}NotMatchedBySource"
-
-    @property
-    def is_delete(self) -> bool:
-        return isinstance(self.clause.action, DeleteAction)
-
-
-@dataclass
-class ResolvedMerge:
-    on: Column
-    on_sql: str
-    on_condition: MergeCondition
-    """ON as the merge parsed it, for data skipping and the join plans."""
-    output_fields: list[StructField]
-    """The table schema after the merge: the target's columns, then new columns from schema evolution."""
-    new_columns: list[str]
-    target_values: dict[str, str] = field(default_factory=dict)
-    """For columns whose type schema evolution changed (lower-case name): the target's value in the new type, as
-    SQL (fields a struct gained NULL; a widened type cast)."""
-    matched: list[ResolvedClause] = field(default_factory=list)
-    not_matched: list[ResolvedClause] = field(default_factory=list)
-    not_matched_by_source: list[ResolvedClause] = field(default_factory=list)
-    identity_generated: list[str] = field(default_factory=list)
-    """Identity columns some INSERT generates values for: the commit raises their high-water marks."""
-    clause_sql: tuple[str, ...] = ()
-    """Every clause's condition and values as Spark is given them."""
-    target_names: tuple[str, ...] = ()
-    target_alias: str = "t"
-    source_alias: str = "s"
-
-    @cached_property
-    def target_columns_read(self) -> frozenset[str] | None:
-        """The target's columns ON, the conditions and the values may read (None: all): what a write that never
-        writes a copied or deleted target row needs of the target. Worked out only when such a write asks (ON's
-        tree is read, not its text again)."""
-        return target_columns_read(
-            [self.on_condition.tree, *self.clause_sql],
-            self.target_names,
-            target_alias=self.target_alias,
-            source_alias=self.source_alias,
-        )
-
-    @property
-    def schema_changed(self) -> bool:
-        return bool(self.new_columns or self.target_values)
 
 
 def _qualified_with(node: exp.Expression, alias: str) -> exp.Expression:
@@ -364,10 +300,10 @@ class Resolver:
                 and self.spec.schema_evolution
                 and isinstance(src.dataType, StructType)
                 and isinstance(f.dataType, StructType)
-                and _lacks_fields(src.dataType, f.dataType)
+                and lacks_fields(src.dataType, f.dataType)
             ):
                 # Delta assigns such a struct field by field: what the source lacks keeps the target's value.
-                tree = _star_update_tree(src.dataType, f.dataType, text)
+                tree = star_update_tree(src.dataType, f.dataType, text)
                 return (self._nested_update_sql(f, tree, "matched", f"{where}.set"), True)
             return (text, True)
         if self.spec.schema_evolution:
@@ -419,7 +355,7 @@ class Resolver:
                 sub = node.get(f.name.lower())
                 if isinstance(sub, dict):
                     collect(f.dataType, sub, f"{prefix}.{f.name}")  # type: ignore[arg-type]
-                elif isinstance(sub, _BuiltSql):
+                elif isinstance(sub, BuiltSql):
                     leaves.append((f"{prefix}.{f.name}", sub))
                 elif sub is not None:
                     leaf_where = f"{prefix}.{f.name}"
@@ -452,50 +388,6 @@ class Resolver:
             column.name.lower(), f"{quote_identifier(self.t)}.{quote_identifier(column.name)}"
         )
         return build(base, column.dataType, tree)
-
-
-class _BuiltSql(str):
-    """SQL the resolution wrote itself (qualified, names quoted), not a text of the spec's."""
-
-    __slots__ = ()
-
-
-def _lacks_fields(source: StructType, target: StructType) -> bool:
-    """Whether the source struct lacks a field of the target's, at any depth through structs."""
-    by_name = {f.name.lower(): f for f in source.fields}
-    for f in target.fields:
-        sf = by_name.get(f.name.lower())
-        if sf is None:
-            return True
-        if (
-            isinstance(sf.dataType, StructType)
-            and isinstance(f.dataType, StructType)
-            and _lacks_fields(sf.dataType, f.dataType)
-        ):
-            return True
-    return False
-
-
-def _star_update_tree(source: StructType, target: StructType, text: str) -> dict[str, Any]:
-    """UPDATE SET * under schema evolution of a struct the source lacks fields of, as Delta resolves it: one
-    assignment per source field, nested where that field's struct lacks fields too (the shape
-    ``_nested_update_sql`` takes). A field the source has whole is assigned whole, NULL included."""
-    by_name = {f.name.lower(): f for f in source.fields}
-    tree: dict[str, Any] = {}
-    for f in target.fields:
-        sf = by_name.get(f.name.lower())
-        if sf is None:
-            continue
-        value = _BuiltSql(f"{text}.{quote_identifier(sf.name)}")
-        if (
-            isinstance(sf.dataType, StructType)
-            and isinstance(f.dataType, StructType)
-            and _lacks_fields(sf.dataType, f.dataType)
-        ):
-            tree[f.name.lower()] = _star_update_tree(sf.dataType, f.dataType, value)
-        else:
-            tree[f.name.lower()] = value
-    return tree
 
 
 def _spark_message(exc: BaseException) -> str:
