@@ -148,7 +148,7 @@ class Resolver:
     def resolve(self) -> ResolvedMerge:
         spec = self.spec
         out_fields, new_columns, target_values = evolved_schema(
-            spec, self.target_schema, self.source_schema, type_widening=self.type_widening
+            self.parsed, self.target_schema, self.source_schema, type_widening=self.type_widening
         )
         self.target_values = target_values
         clauses = [

@@ -10,22 +10,23 @@ from sqlglot import exp
 
 from engine.delta.type_widening import is_schema_evolution_widening, widened_field
 from engine.errors import MergeResolutionError, MergeSpecError, SchemaMismatchError
-from engine.expressions import parse_expression, quote_identifier
-from engine.spec import InsertAction, MergeSpec, UpdateAction
+from engine.expressions import quote_identifier
+from engine.spec import InsertAction, UpdateAction
 from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, sql_type, struct_by_name
-from engine.validation import column_path
+from engine.validation import ParsedMerge, column_path
 
 
 def evolved_schema(
-    spec: MergeSpec, target_schema: StructType, source_schema: StructType, *, type_widening: bool = False
+    parsed: ParsedMerge, target_schema: StructType, source_schema: StructType, *, type_widening: bool = False
 ) -> tuple[list[StructField], list[str], dict[str, str]]:
     """The table schema after the merge, its new top-level columns, and the target's value of each column
     whose type changed (SQL, by lower-case name): a struct that gained fields, or, where the table allows type
     widening (``type_widening``), a column widened to the source's wider type as Delta's automatic widening does."""
+    spec = parsed.spec
     fields = list(target_schema.fields)
     if not spec.schema_evolution:
         return fields, [], {}
-    evolving = _evolving_source_fields(spec, target_schema, source_schema)
+    evolving = _evolving_source_fields(parsed, target_schema, source_schema)
     if not evolving:
         return fields, [], {}
     position = {f.name.lower(): i for i, f in enumerate(fields)}
@@ -70,11 +71,14 @@ def evolved_schema(
     return fields, new, target_values
 
 
-def _evolving_source_fields(spec: MergeSpec, target_schema: StructType, source_schema: StructType) -> list[StructField]:
+def _evolving_source_fields(
+    parsed: ParsedMerge, target_schema: StructType, source_schema: StructType
+) -> list[StructField]:
     """The source columns schema evolution takes into the table, in the source's order: every one with UPDATE SET
     * or INSERT *; else those an explicit ``set`` or ``values`` assigns (Delta 2.3 and later): a column the target
     lacks that the source has, whatever its value, and a target column assigned its source namesake as it is
     (``st = s.st``, so a struct gains the source's new fields and a type widens as a star clause's would)."""
+    spec = parsed.spec
     actions = [c.action for c in spec.clauses if isinstance(c.action, (UpdateAction, InsertAction))]
     if any(a.star for a in actions):
         return list(source_schema.fields)
@@ -91,17 +95,13 @@ def _evolving_source_fields(spec: MergeSpec, target_schema: StructType, source_s
             name = path[0]
             if len(path) != 1 or name not in source_names:
                 continue
-            if name not in target_names or _is_source_column(value, spec.source_alias, name):
+            if name not in target_names or _is_source_column(parsed.tree(value), spec.source_alias, name):
                 chosen.add(name)
     return [f for f in source_schema.fields if f.name.lower() in chosen]
 
 
-def _is_source_column(value: str, source_alias: str, name: str) -> bool:
-    """Whether an assigned value is the source's column ``name`` itself (``s.name`` or ``name``)."""
-    try:
-        node = parse_expression(value, "value")
-    except MergeSpecError:
-        return False
+def _is_source_column(node: exp.Expression, source_alias: str, name: str) -> bool:
+    """Whether an assigned value's tree is the source's column ``name`` itself (``s.name`` or ``name``)."""
     if not isinstance(node, exp.Column) or node.name.lower() != name:
         return False
     qualifier = [p.name.lower() for p in node.parts[:-1]]
