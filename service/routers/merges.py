@@ -26,8 +26,11 @@ RETRY_AFTER_QUEUED = "2"
 RETRY_AFTER_RUNNING = "1"
 
 
-def _problem(description: str) -> dict[str, Any]:
-    return {"model": Problem, "description": description}
+def _problem(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"model": Problem, "description": description}
+    if headers:
+        answer["headers"] = headers
+    return answer
 
 
 JOB_HEADERS = {
@@ -38,8 +41,14 @@ JOB_HEADERS = {
     },
 }
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: _problem("Missing or wrong bearer token."),
-    503: _problem("The job database cannot be reached."),
+    401: _problem(
+        "Missing or wrong bearer token.",
+        {"WWW-Authenticate": {"description": "The bearer scheme the service expects.", "schema": {"type": "string"}}},
+    ),
+    503: _problem(
+        "The job database cannot be reached.",
+        {"Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "string"}}},
+    ),
 }
 
 JobId = Annotated[str, Path(alias="id", description="The job's id.")]

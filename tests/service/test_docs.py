@@ -114,6 +114,28 @@ def test_every_body_field_parameter_and_value_is_documented(openapi: dict[str, A
     assert not missing, f"docs/api.md does not name these fields, parameters or values: {missing}"
 
 
+def _declared_headers(openapi: dict[str, Any]) -> dict[str, set[str]]:
+    """Each response header the OpenAPI document declares, with the status codes that carry it."""
+    declared: dict[str, set[str]] = {}
+    for item in openapi["paths"].values():
+        for method, operation in item.items():
+            if method in HTTP_METHODS:
+                for code, response in operation.get("responses", {}).items():
+                    for name in response.get("headers", {}):
+                        declared.setdefault(name, set()).add(code)
+    return declared
+
+
+def test_the_openapi_declares_the_headers_the_docs_promise(openapi: dict[str, Any], api_doc: str) -> None:
+    declared = _declared_headers(openapi)
+    table = api_doc.split("## Headers", 1)[1].split("\n## ", 1)[0]
+    for name in declared:
+        assert f"`{name}`" in table, f"docs/api.md's Headers table does not name {name}"
+    assert "401" in declared.get("WWW-Authenticate", set())
+    assert {"200", "202", "503"} <= declared.get("Retry-After", set())
+    assert {"200", "202"} <= declared.get("Location", set())
+
+
 def test_the_request_examples_are_accepted(api_doc: str, tmp_path: Path) -> None:
     """Each merge the document shows, structured or SQL, passes the submission's checks as it stands."""
     lake = tmp_path / "lake"
