@@ -1,5 +1,5 @@
 """Around the handlers: the request body limit (413 before any parsing), strict JSON bodies (415 for a body not
-sent as JSON, 422 for one that is not JSON) and HTTP request metrics."""
+sent as JSON, 422 for one that is not JSON), HEAD answered as GET, and HTTP request metrics."""
 
 from __future__ import annotations
 
@@ -153,6 +153,33 @@ class BodyLimitMiddleware:
             type_="urn:merge-service:problem:body-too-large",
         )
         await response(scope, receive, send)
+
+
+class HeadAsGetMiddleware:
+    """HEAD answers as GET would, headers and all, without the body (RFC 9110 9.3.2): FastAPI routes a GET
+    endpoint for GET only, so ``curl -I`` would otherwise get 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        as_get = {**scope, "method": "GET"}
+        try:
+            await self.app(as_get, receive, headers_only)
+        finally:
+            if "route" in as_get:  # for the metrics around: the route template the GET matched
+                scope["route"] = as_get["route"]
 
 
 class HttpMetricsMiddleware:

@@ -295,6 +295,21 @@ def test_unknown_job_and_route_and_method(client: TestClient) -> None:
     assert_problem(client.delete("/merges"), 405)
 
 
+def test_head_answers_as_get_without_a_body(client: TestClient, target: str) -> None:
+    job = client.post("/merges", json=spec(target)).json()
+    for path in (f"/merges/{job['id']}", "/merges", "/healthz", "/metrics"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"], path
+    head = client.head(f"/merges/{job['id']}")
+    assert head.headers["retry-after"] == "2"
+    assert int(head.headers["content-length"]) == len(client.get(f"/merges/{job['id']}").content)
+    missing = client.head("/merges/unknown")
+    assert missing.status_code == 404 and missing.content == b""
+    assert client.head(f"/merges/{job['id']}/cancel").status_code == 405  # a POST-only route
+    assert 'merge_http_requests_total{method="HEAD",route="/merges/{id}",status="200"}' in client.get("/metrics").text
+
+
 def test_body_over_the_limit_is_413(settings: Settings, target: str) -> None:
     small = settings.model_copy(update={"max_body_bytes": 2048})
     manager = JobManager.from_url(small.database_url)
