@@ -8,8 +8,12 @@ class ServiceError(Exception):
 
 
 class JobNotFoundError(ServiceError):
+    SHOWN = 64
+    """How much of an unknown id the message repeats: an id is 26 characters, and a request may send any length."""
+
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"No merge job has the id {job_id!r}.")
+        shown = job_id if len(job_id) <= self.SHOWN else f"{job_id[: self.SHOWN]}... ({len(job_id)} characters)"
+        super().__init__(f"No merge job has the id {shown!r}.")
         self.job_id = job_id
 
 
