@@ -3,11 +3,14 @@ versions on: the spec's column lists resolved against the batch's schema, as Spa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, RESERVED_PREFIX, START_AT, AutoCdcSpec
 from engine.errors import MergeSpecError
+
+Fields = Mapping[str, "Fields | None"]
+"""A struct's fields by name: a nested struct's own fields, or None for any other type."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,12 @@ class Columns:
     """Value columns whose null in an update keeps the value the row had."""
     tracked: tuple[str, ...]
     """Value columns whose change starts a new SCD 2 version."""
+    structs: Mapping[str, Fields] = field(default_factory=dict)
+    """The fields of each struct value column (nested structs as their own fields): a null field of an update
+    keeps the row's value of that field, as a null column does."""
+    unordered: frozenset[str] = frozenset()
+    """Value columns whose type holds a MAP or a VARIANT, which Spark cannot compare (``<=>``): SCD 2 compares
+    their JSON."""
 
     @property
     def values(self) -> tuple[str, ...]:

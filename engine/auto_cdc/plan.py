@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.auto_cdc.columns import Columns
+from engine.auto_cdc.columns import Columns, Fields
 from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, START_AT
 from engine.delta.names import quote_identifier as q
 from engine.spec import DeleteAction, InsertAction, MergeClause, UpdateAction
@@ -63,6 +63,13 @@ def sequence_sql(expressions: tuple[str, ...], names: tuple[str, ...]) -> str:
     return f"named_struct({fields})"
 
 
+def _same(columns: Columns, column: str, left: str, right: str) -> str:
+    """Whether two values of a value column are the same, nulls included (as JSON where Spark cannot compare)."""
+    if column in columns.unordered:
+        return f"to_json({left}) <=> to_json({right})"
+    return f"{left} <=> {right}"
+
+
 def _keys(columns: Columns, left: str, right: str) -> str:
     return " AND ".join(f"{left}.{q(k)} = {right}.{q(k)}" for k in columns.keys)
 
@@ -72,16 +79,39 @@ def _partition(columns: Columns, *extra: str) -> str:
 
 
 def _filled(columns: Columns, order: str) -> str:
-    """The value columns, each null-kept one as the last non-null value since the key's last delete."""
-    parts = []
-    for c in columns.values:
-        if c in columns.null_kept:
-            window = f"PARTITION BY {_partition(columns, '__cdc_seg')} ORDER BY {order} {ALL_PRECEDING}"
-            # A delete's own values say nothing of the row: they never lend a value.
-            parts.append(f"last(CASE WHEN NOT {DEL} THEN {q(c)} END, true) OVER ({window}) AS {q(c)}")
-        else:
-            parts.append(q(c))
+    """The value columns, each null-kept one as the last non-null value since the key's last delete (a struct's
+    fields each so: the struct is null only while no event gave it a value)."""
+    window = f"OVER (PARTITION BY {_partition(columns, '__cdc_seg')} ORDER BY {order} {ALL_PRECEDING})"
+
+    def last(value: str, fields: Fields | None) -> str:
+        # A delete's own values say nothing of the row: they never lend a value.
+        latest = f"last(CASE WHEN NOT {DEL} THEN {value} END, true) {window}"
+        if not fields:
+            return latest
+        inner = ", ".join(f"'{_quote_text(f)}', {last(f'{value}.{q(f)}', sub)}" for f, sub in fields.items())
+        return f"CASE WHEN {latest} IS NULL THEN NULL ELSE named_struct({inner}) END"
+
+    parts = [
+        f"{last(q(c), columns.structs.get(c))} AS {q(c)}" if c in columns.null_kept else q(c) for c in columns.values
+    ]
     return ", ".join([*(q(k) for k in columns.keys), *parts])
+
+
+def kept_value(source: str, target: str, fields: Fields | None) -> str:
+    """An update's value where a null keeps the row's: field by field in a struct, as Databricks' null updates
+    reach nested fields."""
+    if not fields:
+        return f"coalesce({source}, {target})"
+    inner = ", ".join(
+        f"'{_quote_text(f)}', {kept_value(f'{source}.{q(f)}', f'{target}.{q(f)}', sub)}" for f, sub in fields.items()
+    )
+    return (
+        f"CASE WHEN {source} IS NULL THEN {target} WHEN {target} IS NULL THEN {source} ELSE named_struct({inner}) END"
+    )
+
+
+def _quote_text(name: str) -> str:
+    return name.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def scd1_source_sql(columns: Columns, events: str, views: Views) -> str:
@@ -143,27 +173,35 @@ SELECT {nulls}, max({SEQ}), true FROM e WHERE {TRUNC} HAVING count(*) > 0
 Clauses = tuple[tuple[MergeClause, ...], tuple[MergeClause, ...], tuple[MergeClause, ...]]
 
 
-def scd1_target_clauses(columns: Columns, truncated: str | None) -> Clauses:
+def scd1_target_clauses(columns: Columns, truncated: str | None, absent: frozenset[str] = frozenset()) -> Clauses:
     """Matched and newer than the row: a delete removes it, an upsert overwrites it (an upsert wins a tie); not
     matched: an upsert inserts. With a truncate in the batch (``truncated``, its sequence as a literal), every row
-    older than it goes, and no value of such a row is kept for a null."""
+    older than it goes, and no value of such a row is kept for a null. A row without a ``__START_AT`` (one the
+    service did not write) is older than any event. ``absent``: value columns the table gains in this merge, whose
+    old value is null."""
     start = f"target.{q(START_AT)}"
-    reset = f"source.{RESET}" if truncated is None else f"(source.{RESET} OR {start} < {truncated})"
+    older = f"({start} IS NULL OR {start} < {truncated})"
+    reset = f"source.{RESET}" if truncated is None else f"(source.{RESET} OR {older})"
     updates = {}
     for c in columns.values:
         s, t = f"source.{q(c)}", f"target.{q(c)}"
-        updates[q(c)] = f"CASE WHEN {reset} THEN {s} ELSE coalesce({s}, {t}) END" if c in columns.null_kept else s
+        kept = c in columns.null_kept and c not in absent
+        updates[q(c)] = f"CASE WHEN {reset} THEN {s} ELSE {kept_value(s, t, columns.structs.get(c))} END" if kept else s
     updates[q(START_AT)] = f"source.{SEQ}"
     inserts = {q(c): f"source.{q(c)}" for c in columns.kept}
     inserts[q(START_AT)] = f"source.{SEQ}"
     matched = (
-        MergeClause("matched", DeleteAction(), condition=f"source.{DEL} AND source.{SEQ} > {start}"),
-        MergeClause("matched", UpdateAction(set=updates), condition=f"NOT source.{DEL} AND source.{SEQ} >= {start}"),
+        MergeClause(
+            "matched", DeleteAction(), condition=f"source.{DEL} AND ({start} IS NULL OR source.{SEQ} > {start})"
+        ),
+        MergeClause(
+            "matched",
+            UpdateAction(set=updates),
+            condition=f"NOT source.{DEL} AND ({start} IS NULL OR source.{SEQ} >= {start})",
+        ),
     )
     not_matched = (MergeClause("notMatched", InsertAction(values=inserts), condition=f"NOT source.{DEL}"),)
-    by_source = (
-        () if truncated is None else (MergeClause("notMatchedBySource", DeleteAction(), f"{start} < {truncated}"),)
-    )
+    by_source = () if truncated is None else (MergeClause("notMatchedBySource", DeleteAction(), older),)
     return matched, not_matched, by_source
 
 
@@ -196,12 +234,13 @@ def scd1_tombstone_clauses(columns: Columns, truncated: str | None) -> Clauses:
 
 def scd2_source_sql(columns: Columns, events: str, views: Views) -> str:
     """The whole history of every key the batch names, recomputed from every event the key has had (the events
-    table, the batch, and the versions the target holds, each read as the upsert that began it: a table not created
-    by the service has no events table); each target version it no longer has is marked ``__cdc_drop``."""
+    table, the batch, and the versions the target holds, each read as the upsert that began it and, where it ended,
+    a delete at its ``__END_AT``, which the next version's upsert beats: a table not created by the service has no
+    events table); each target version it no longer has is marked ``__cdc_drop``."""
     keys = ", ".join(q(k) for k in columns.keys)
     values = ", ".join(q(c) for c in columns.values)
     vals = f", {values}" if values else ""
-    tracked = " AND ".join(f"lag({q(c)}) OVER w <=> {q(c)}" for c in columns.tracked) or "true"
+    tracked = " AND ".join(_same(columns, c, f"lag({q(c)}) OVER w", q(c)) for c in columns.tracked) or "true"
     same_version = f"coalesce(lag({DEL}) OVER w, true) OR NOT ({tracked})"
     return f"""
 WITH e AS ({events}),
@@ -214,6 +253,9 @@ ev AS (
   UNION ALL
   SELECT {keys}{vals}, {q(START_AT)}, false, 0 FROM {q(views.target)} t
     LEFT SEMI JOIN ks ON {_keys(columns, "t", "ks")}
+  UNION ALL
+  SELECT {keys}{vals}, {q(END_AT)}, true, 0 FROM {q(views.target)} t
+    LEFT SEMI JOIN ks ON {_keys(columns, "t", "ks")} WHERE t.{q(END_AT)} IS NOT NULL
 ),
 one AS (
   SELECT * FROM (
@@ -250,9 +292,13 @@ SELECT {keys}{vals}, {q(START_AT)}, {q(END_AT)}, true FROM {q(views.target)} t
 """
 
 
-def scd2_target_clauses(columns: Columns) -> Clauses:
-    """Matched on key and ``__START_AT``: a dropped version is deleted, a changed one updated; new ones inserted."""
-    same = " AND ".join(f"target.{q(c)} <=> source.{q(c)}" for c in (*columns.values, END_AT))
+def scd2_target_clauses(columns: Columns, absent: frozenset[str] = frozenset()) -> Clauses:
+    """Matched on key and ``__START_AT``: a dropped version is deleted, a changed one updated; new ones inserted.
+    ``absent``: value columns the table gains in this merge, null in every row it holds."""
+    same = " AND ".join(
+        f"source.{q(c)} IS NULL" if c in absent else _same(columns, c, f"target.{q(c)}", f"source.{q(c)}")
+        for c in (*columns.values, END_AT)
+    )
     updates = {q(c): f"source.{q(c)}" for c in (*columns.values, END_AT)}
     inserts = {q(c): f"source.{q(c)}" for c in (*columns.kept, START_AT, END_AT)}
     matched = (

@@ -16,14 +16,15 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine import delta
 from engine.auto_cdc import plan
-from engine.auto_cdc.columns import Columns, resolve_columns
+from engine.auto_cdc.columns import Columns, Fields, resolve_columns
 from engine.auto_cdc.spec import DELETE_AT, END_AT, EVENT_AT, IS_DELETE, START_AT, AutoCdcSpec
 from engine.command import ProgressCallback, run_merge
+from engine.delta.values import to_arrow_schema
 from engine.errors import (
     AutoCdcIncompleteError,
     MergeResolutionError,
@@ -91,20 +92,22 @@ def run_auto_cdc(
     if not validated:
         spec = validate_auto_cdc(spec)
     views: list[str] = []
+    created: list[_Created] = []
     try:
-        batch = _read_batch(spark, spec, views)
-        deletes, truncated = _check_events(spark, batch, views[-1])
-        created = _ensure_target(spec, batch, dry_run=dry_run)
-        if not dry_run:
-            _ensure_state(spec, batch)
-    finally:
-        _drop_views(spark, views)
-    target = _target_merge(spec, batch, truncated)
-    try:
-        result = run_merge(spark, target, txn=txn, on_progress=on_progress, dry_run=dry_run)
+        try:
+            batch = _read_batch(spark, spec, views)
+            deletes, truncated = _check_events(spark, batch, views[-1])
+            created = _ensure_target(spec, batch, dry_run=dry_run)
+            if not dry_run:
+                created += _ensure_state(spec, batch)
+        finally:
+            _drop_views(spark, views)
+        result = run_merge(
+            spark, _target_merge(spec, batch, truncated), txn=txn, on_progress=on_progress, dry_run=dry_run
+        )
     except Exception:
-        if created:
-            _remove_if_unchanged(spec)
+        for table in reversed(created):  # the state table first: it may lie inside the target's folder
+            table.remove_if_unchanged(spec.lake_roots)
         raise
     if dry_run or (spec.stored_as_scd_type == 1 and not deletes and truncated is None and not _has_tombstones(spec)):
         return result  # SCD 1 with no delete or truncate to record and no tombstone an upsert could drop
@@ -149,8 +152,11 @@ def _read_batch(spark: SparkSession, spec: AutoCdcSpec, views: list[str]) -> Bat
     sequence = plan.sequence_sql(spec.sequence_by, names)
     schema = spark.sql(plan.events_sql(columns, sequence, spec.apply_as_deletes, spec.apply_as_truncates, name)).schema
     by_name = {f.name: f for f in schema.fields}
+    unordered = frozenset(c for c in columns.values if _holds_unordered(by_name[c].dataType))
+    kept_types = {c: by_name[c].dataType for c in columns.null_kept}
+    structs = {c: _fields(t) for c, t in kept_types.items() if isinstance(t, T.StructType)}
     return Batch(
-        columns=columns,
+        columns=dataclasses.replace(columns, unordered=unordered, structs=structs),
         sequence=sequence,
         delete=spec.apply_as_deletes,
         truncate=spec.apply_as_truncates,
@@ -173,7 +179,12 @@ def _check_events(spark: SparkSession, batch: Batch, view: str) -> tuple[int, st
     """Spark's AutoCDC rules for a batch: no event without a sequence, none but a truncate without its keys (both
     would be applied in no defined order, or to no row). Answers how many events are deletes, and the newest
     truncate's sequence as a SQL literal (None without one)."""
-    counts = [f"count_if(NOT {plan.TRUNC} AND {plan.DEL})", f"count_if({plan.SEQ} IS NULL)"]
+    null_sequence = f"{plan.SEQ} IS NULL"
+    if isinstance(batch.sequence_type, T.StructType):  # several columns: a null in any leaves the order undefined
+        null_sequence += "".join(
+            f" OR {plan.SEQ}.{delta.quote_identifier(f.name)} IS NULL" for f in batch.sequence_type.fields
+        )
+    counts = [f"count_if(NOT {plan.TRUNC} AND {plan.DEL})", f"count_if({null_sequence})"]
     counts += [f"count_if({delta.quote_identifier(k)} IS NULL AND NOT {plan.TRUNC})" for k in batch.columns.keys]
     newest = f"max(CASE WHEN {plan.TRUNC} THEN {plan.SEQ} END)"
     texts = _literal_parts(batch.sequence_type, newest)
@@ -196,20 +207,44 @@ def _check_events(spark: SparkSession, batch: Batch, view: str) -> tuple[int, st
 def _literal_parts(dtype: T.DataType, value: str) -> list[str]:
     """``value`` as strings Spark reads back exactly: the value itself, or each field of a struct."""
     if isinstance(dtype, T.StructType):
-        return [f"CAST(({value}).{delta.quote_identifier(f.name)} AS STRING)" for f in dtype.fields]
-    return [f"CAST({value} AS STRING)"]
+        return [_text(f.dataType, f"({value}).{delta.quote_identifier(f.name)}") for f in dtype.fields]
+    return [_text(dtype, value)]
+
+
+def _text(dtype: T.DataType, value: str) -> str:
+    # Text does not CAST back to an array or a struct: those go as JSON, which from_json reads.
+    return f"to_json({value})" if isinstance(dtype, (T.ArrayType, T.StructType)) else f"CAST({value} AS STRING)"
 
 
 def _literal(dtype: T.DataType, parts: list[str | None]) -> str:
     """A sequence as a SQL literal for the merge's conditions, built from ``_literal_parts``."""
     if isinstance(dtype, T.StructType):
-        fields = ", ".join(f"'{f.name}', {_literal(f.dataType, [p])}" for f, p in zip(dtype.fields, parts, strict=True))
+        fields = ", ".join(f"'{f.name}', {_value(f.dataType, p)}" for f, p in zip(dtype.fields, parts, strict=True))
         return f"named_struct({fields})"
-    text = parts[0]
+    return _value(dtype, parts[0])
+
+
+def _value(dtype: T.DataType, text: str | None) -> str:
     if text is None:
         return f"CAST(NULL AS {dtype.simpleString()})"
     escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    if isinstance(dtype, (T.ArrayType, T.StructType)):
+        return f"from_json('{escaped}', '{dtype.simpleString()}')"
     return f"CAST('{escaped}' AS {dtype.simpleString()})"
+
+
+def _fields(struct: T.StructType) -> Fields:
+    return {f.name: _fields(f.dataType) if isinstance(f.dataType, T.StructType) else None for f in struct.fields}
+
+
+def _holds_unordered(dtype: T.DataType) -> bool:
+    if isinstance(dtype, (T.MapType, T.VariantType)):
+        return True
+    if isinstance(dtype, T.ArrayType):
+        return _holds_unordered(dtype.elementType)
+    if isinstance(dtype, T.StructType):
+        return any(_holds_unordered(f.dataType) for f in dtype.fields)
+    return False
 
 
 # --- the tables --------------------------------------------------------------------------------------------------
@@ -222,9 +257,9 @@ def _target_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
     return fields
 
 
-def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> bool:
-    """The first batch creates the target (True when this call did); a dry run creates nothing, so it needs the
-    table to exist."""
+def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> list[_Created]:
+    """The first batch creates the target (answering the table this call created); a dry run creates nothing, so
+    it needs the table to exist."""
     wanted = _target_fields(spec, batch)
     try:
         snapshot = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
@@ -236,25 +271,26 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> bool:
                 f"target: no Delta table at {spec.target} yet; a dry run creates nothing (the first batch that is "
                 "not a dry run creates the table)."
             ) from None
-        _create(spec.target, wanted)
-        return True
+        return _create(spec.target, wanted)
     have = {f.name.lower() for f in snapshot.spark_schema.fields}
-    missing = [f.name for f in wanted if f.name.lower() not in have]
+    # A value column the table lacks is added by the merge (schema evolution); these it cannot add.
+    missing = [f.name for f in wanted if f.name.lower() not in have and f.name not in batch.columns.values]
     if missing:
         raise MergeResolutionError(
             f"target: the table lacks the column(s) {', '.join(missing)} an SCD type {spec.stored_as_scd_type} "
             "AUTO CDC target keeps; add them, or let the first batch create the table.",
             field="target",
         )
-    return False
+    return []
 
 
-def _remove_if_unchanged(spec: AutoCdcSpec) -> None:
-    """A table this batch created, and that still holds only its creation, is removed with its state table: the
-    failed batch leaves the lake as it found it. One that took a commit (an outcome not known) stays."""
-    with contextlib.suppress(Exception):
-        if delta.load_snapshot(spec.target, lake_roots=spec.lake_roots).version == 0:
-            shutil.rmtree(spec.target)
+def _absent(spec: AutoCdcSpec, path: str, fields: list[T.StructField]) -> frozenset[str]:
+    """Those of ``fields`` a table lacks: the batch brings a new column, which its merge adds."""
+    try:
+        have = {f.name.lower() for f in delta.load_snapshot(path, lake_roots=spec.lake_roots).spark_schema.fields}
+    except TableNotFoundError:
+        return frozenset()
+    return frozenset(f.name for f in fields if f.name.lower() not in have)
 
 
 def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
@@ -271,9 +307,10 @@ def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
     ]
 
 
-def _ensure_state(spec: AutoCdcSpec, batch: Batch) -> None:
-    if not os.path.isdir(os.path.join(spec.state, "_delta_log")):
-        _create(spec.state, _state_fields(spec, batch))
+def _ensure_state(spec: AutoCdcSpec, batch: Batch) -> list[_Created]:
+    if os.path.isdir(os.path.join(spec.state, "_delta_log")):
+        return []
+    return _create(spec.state, _state_fields(spec, batch))
 
 
 def _has_tombstones(spec: AutoCdcSpec) -> bool:
@@ -283,10 +320,32 @@ def _has_tombstones(spec: AutoCdcSpec) -> bool:
     return known is None or known > 0
 
 
-def _create(path: str, fields: list[T.StructField]) -> None:
-    schema = to_arrow_schema(T.StructType(fields))
-    with contextlib.suppress(Exception):  # another writer created it first: the merge reads what is there
-        write_deltalake(path, pa.Table.from_batches([], schema=schema), mode="append")
+@dataclasses.dataclass(frozen=True)
+class _Created:
+    """A table a batch created, and whether its folder was there before."""
+
+    path: str
+    folder_existed: bool
+
+    def remove_if_unchanged(self, lake_roots: tuple[str, ...]) -> None:
+        """Undo the creation while the table holds only it, so a failed first batch leaves the lake as it found
+        it: the folder goes if the batch made it, else only the log it wrote (never another's files). A table that
+        took a commit (an outcome not known) stays."""
+        with contextlib.suppress(Exception):
+            if delta.load_snapshot(self.path, lake_roots=lake_roots).version == 0:
+                shutil.rmtree(os.path.join(self.path, "_delta_log") if self.folder_existed else self.path)
+
+
+def _create(path: str, fields: list[T.StructField]) -> list[_Created]:
+    """An empty table at ``path``; none when another writer created it first (the merge reads what is there)."""
+    folder_existed = os.path.exists(path)
+    try:
+        write_deltalake(path, pa.Table.from_batches([], schema=to_arrow_schema(T.StructType(fields))), mode="append")
+    except Exception:
+        if os.path.isdir(os.path.join(path, "_delta_log")):
+            return []
+        raise
+    return [_Created(path, folder_existed)]
 
 
 # --- the merges --------------------------------------------------------------------------------------------------
@@ -314,17 +373,23 @@ def _table_view(spark: SparkSession, path: str, spec: AutoCdcSpec, view: str, fi
         df = delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
     except TableNotFoundError:
         df = spark.createDataFrame([], schema=T.StructType(fields))
+    have = {c.lower() for c in df.columns}
+    for f in fields:  # a column the batch brings that the table does not have yet reads as null
+        if f.name.lower() not in have:
+            df = df.withColumn(f.name, F.lit(None).cast(f.dataType))
     df.createOrReplaceTempView(view)
 
 
 def _target_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
     columns = batch.columns
+    absent = _absent(spec, spec.target, _target_fields(spec, batch))
     if spec.stored_as_scd_type == 1:
-        clauses, on, sql = plan.scd1_target_clauses(columns, truncated), plan.keys_on(columns), plan.scd1_source_sql
+        clauses, on = plan.scd1_target_clauses(columns, truncated, absent), plan.keys_on(columns)
+        sql = plan.scd1_source_sql
     else:
-        clauses, on, sql = plan.scd2_target_clauses(columns), plan.scd2_target_on(columns), plan.scd2_source_sql
+        clauses, on, sql = plan.scd2_target_clauses(columns, absent), plan.scd2_target_on(columns), plan.scd2_source_sql
     source = _frame(spec, batch, lambda v: sql(columns, batch.events(v.batch), v))
-    return _merge(spec, spec.target, on, source, clauses, deletion_vectors=spec.deletion_vectors)
+    return _merge(spec, spec.target, on, source, clauses, deletion_vectors=spec.deletion_vectors, evolve=bool(absent))
 
 
 def _state_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
@@ -335,7 +400,8 @@ def _state_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> Merg
     else:
         clauses, on = plan.scd2_events_clauses(columns), plan.scd2_events_on(columns)
         source = _frame(spec, batch, lambda v: plan.scd2_events_sql(columns, batch.events(v.batch)))
-    return _merge(spec, spec.state, on, source, clauses, deletion_vectors="auto")
+    evolve = bool(_absent(spec, spec.state, _state_fields(spec, batch)))
+    return _merge(spec, spec.state, on, source, clauses, deletion_vectors="auto", evolve=evolve)
 
 
 def _merge(
@@ -346,7 +412,10 @@ def _merge(
     clauses: plan.Clauses,
     *,
     deletion_vectors: DeletionVectorsMode,
+    evolve: bool,
 ) -> MergeSpec:
+    """``evolve``: the table lacks a column the batch brings, which schema evolution adds (as Databricks' AUTO CDC
+    evolves its target)."""
     matched, not_matched, by_source = clauses
     return MergeSpec(
         target=table,
@@ -357,6 +426,7 @@ def _merge(
         not_matched_by_source=by_source,
         lake_roots=spec.lake_roots,
         deletion_vectors=deletion_vectors,
+        schema_evolution=evolve,
     )
 
 
