@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -16,6 +17,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    WithJsonSchema,
 )
 from pydantic_core import PydanticCustomError
 
@@ -182,6 +184,13 @@ class SqlMergeIn(_Strict):
 ColumnList = Annotated[list[NonEmpty], Field(min_length=1)]
 
 
+def _scd_type(value: Any) -> int:
+    """1 or 2, given as a number or as its string; not ``true`` or ``2.0``, which a lax Literal would take."""
+    if (type(value) is int and value in (1, 2)) or (isinstance(value, str) and value in ("1", "2")):
+        return int(value)
+    raise PydanticCustomError("literal_error", 'Input should be 1 or 2 (or the string "1" or "2")')
+
+
 class AutoCdcIn(_Strict):
     """How a batch of change events is applied (docs/auto-cdc.md); names as in Databricks' AUTO CDC."""
 
@@ -198,7 +207,13 @@ class AutoCdcIn(_Strict):
     ignore_null_updates: StrictBool = False
     ignore_null_updates_column_list: ColumnList | None = None
     ignore_null_updates_except_column_list: ColumnList | None = None
-    stored_as_scd_type: Literal[1, 2] = 1
+    stored_as_scd_type: Annotated[
+        Literal[1, 2],
+        BeforeValidator(_scd_type),
+        WithJsonSchema(
+            {"enum": [1, 2, "1", "2"], "description": '1 or 2; also "1" or "2", as Databricks\' Python API takes it.'}
+        ),
+    ] = 1
     track_history_column_list: ColumnList | None = None
     track_history_except_column_list: ColumnList | None = None
 

@@ -189,3 +189,22 @@ def test_a_refused_source_names_its_field(tmp_path: Any, rows: list[Any], schema
         specs.build_merge(body, LakeRoots([tmp_path]))
     assert info.value.field == field
     assert info.value.message.startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(("given", "taken"), [(1, 1), (2, 2), ("1", 1), ("2", 2), (3, None), (True, None), (2.0, None)])
+def test_stored_as_scd_type_takes_the_numbers_and_their_strings(tmp_path: Any, given: Any, taken: int | None) -> None:
+    """As Databricks' Python API takes it: 2 or "2"; never true or 2.0, which a lax reading would take as 1 and 2."""
+    from service.paths import LakeRoots
+
+    body = {
+        "target": str(tmp_path / "t"),
+        "source": {"rows": [{"id": 1}]},
+        "auto_cdc": {"keys": ["id"], "sequence_by": "id", "stored_as_scd_type": given},
+    }
+    if taken is None:
+        with pytest.raises((pydantic.ValidationError, RequestValidationProblem)) as caught:
+            specs.parse_request(body)
+        assert "stored_as_scd_type" in str(caught.value)
+        return
+    built = specs.build_merge(specs.parse_request(body), LakeRoots([tmp_path]))
+    assert built.spec.stored_as_scd_type == taken
