@@ -261,6 +261,8 @@ def write_deletion_vector_file(
 
 def read_deletion_vector(descriptor: DeletionVectorDescriptor, root: str) -> BitMap64:
     """The deleted row indexes a descriptor names, checked against its size, checksum and cardinality."""
+    if descriptor.cardinality == 0 and descriptor.size_in_bytes == 0:
+        return BitMap64()  # Delta's DeletionVectorDescriptor.EMPTY: an inline vector of no bytes
     if descriptor.is_inline:
         raw = z85_decode(descriptor.path_or_inline_dv)
         if len(raw) < descriptor.size_in_bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
@@ -13,6 +14,7 @@ from engine.delta.actions import AddFile
 from engine.delta.deletion_vectors import read_deletion_vector, write_deletion_vector_file
 from engine.delta.errors import InvalidWriteError
 from engine.delta.features import protocol_features
+from engine.delta.file_stats import FileStats
 from engine.delta.snapshot import Snapshot
 
 
@@ -39,7 +41,7 @@ def mark_rows_deleted(
     vector, statistics kept with ``tightBounds`` false). The new vectors go into one DV file in the folder
     ``prefix`` (the write's own, so an uncommitted write's vectors are discarded with its data files)."""
     removed: list[AddFile] = []
-    kept: list[tuple[AddFile, BitMap64]] = []
+    kept: list[tuple[AddFile, BitMap64, int]] = []
     for add in files:
         rows = deleted.get(add.path)
         if not rows:
@@ -53,12 +55,33 @@ def mark_rows_deleted(
         if len(bitmap) == physical:
             removed.append(add)
         else:
-            kept.append((add, bitmap))
+            kept.append((add, bitmap, physical))
     if not kept:
         return removed, []
-    descriptors = write_deletion_vector_file(snapshot.root, [b for _, b in kept], prefix=prefix)
+    descriptors = write_deletion_vector_file(snapshot.root, [b for _, b, _ in kept], prefix=prefix)
     updated = []
-    for (add, _), descriptor in zip(kept, descriptors, strict=True):
-        stats = None if add.stats is None else dataclasses.replace(add.stats, tight_bounds=False)
+    for (add, _, physical), descriptor in zip(kept, descriptors, strict=True):
+        stats = _wide_stats(add, physical)
         updated.append((add, dataclasses.replace(add, data_change=True, stats=stats, deletion_vector=descriptor)))
     return removed, updated
+
+
+def _wide_stats(add: AddFile, physical: int) -> FileStats:
+    """Delta's updateStatsToWideBounds: the statistics of a file that now has a vector describe its physical
+    rows with ``tightBounds`` false. ``numRecords`` must be there (PROTOCOL.md: a file with a deletion vector has
+    it), so a file added without statistics gets its footer's count; a tight ``nullCount`` that counted every live
+    row (the column is all null) becomes ``numRecords``, the one "all null" wide bounds can say."""
+    if add.stats is None:
+        return FileStats(num_records=physical, tight_bounds=False)
+    stats = add.stats
+    if stats.tight_bounds is False:
+        return stats if stats.num_records is not None else dataclasses.replace(stats, num_records=physical)
+    live = physical - (add.deletion_vector.cardinality if add.deletion_vector is not None else 0)
+
+    def widened(counts: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            name: widened(value) if isinstance(value, Mapping) else physical if value == live else value
+            for name, value in counts.items()
+        }
+
+    return dataclasses.replace(stats, num_records=physical, null_count=widened(stats.null_count), tight_bounds=False)

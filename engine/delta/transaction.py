@@ -45,6 +45,7 @@ from engine.delta.actions import (
     now_millis,
 )
 from engine.delta.column_mapping import has_physical_names, rename_partition_values, rename_stats
+from engine.delta.commit_rules import check_domains, check_vector_counts
 from engine.delta.commits import CommitEntry, actions_to_json_lines, parse_commit
 from engine.delta.errors import CommitRetriesExhaustedError, ConcurrentDomainMetadataError
 from engine.delta.features import (
@@ -193,7 +194,7 @@ class Transaction:
                 raise TypeError(f"Cannot commit {type(action).__name__}")
         new_metadata = metadata[0] if metadata else None
         new_protocol = protocols[0] if protocols else None
-        self._validate_domains([a for a in actions if isinstance(a, DomainMetadata)], new_protocol)
+        check_domains([a for a in actions if isinstance(a, DomainMetadata)], new_protocol or self.snapshot.protocol)
         if any(isinstance(a, RemoveFile) and a.data_change for a in actions):
             check_can_modify(self.snapshot)
         if (
@@ -225,26 +226,12 @@ class Transaction:
         paths = [a.path for a in actions if isinstance(a, AddFile)]
         if len(paths) != len(set(paths)):
             raise DeltaError("The same file is added twice")
+        check_vector_counts([a for a in actions if isinstance(a, AddFile)])
         live = self.snapshot.files_by_path
         missing = [a.path for a in actions if isinstance(a, RemoveFile) and a.path not in live]
         if missing:
             raise DeltaError(f"Cannot remove files that are not in version {self.read_version}: {missing[:3]}")
         return new_metadata, new_protocol
-
-    def _validate_domains(self, domains: Sequence[DomainMetadata], new_protocol: Protocol | None) -> None:
-        """PROTOCOL.md "Domain Metadata": only on tables with the domainMetadata feature, one action per domain,
-        and no ``delta.*`` domain from a caller: this layer writes the system domains it understands itself."""
-        if not domains:
-            return
-        protocol = new_protocol or self.snapshot.protocol
-        if "domainMetadata" not in (protocol.writer_features or ()):
-            raise DeltaError("domainMetadata actions need the domainMetadata table feature, which this table lacks")
-        names = [d.domain for d in domains]
-        if len(names) != len(set(names)):
-            raise DeltaError("A commit holds at most one domainMetadata action per domain")
-        system = [n for n in names if n.startswith("delta.")]
-        if system:
-            raise DeltaError(f"System-controlled metadata domains cannot be set by a caller: {system}")
 
     def _commit_info(
         self,
