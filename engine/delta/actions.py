@@ -38,6 +38,8 @@ class RemoveFile:
     base_row_id: int | None = None
     default_row_commit_version: int | None = None
     """Row tracking: a remove carries the ``baseRowId`` / ``defaultRowCommitVersion`` of the add it removes."""
+    stats: FileStats | None = None
+    """The removed file's statistics, as Delta's removes carry them (optional in the protocol)."""
 
     def __hash__(self) -> int:
         return hash(("remove", self.path))
@@ -52,6 +54,8 @@ class RemoveFile:
         }
         if self.size is not None:
             body["size"] = self.size
+        if self.stats is not None:
+            body["stats"] = self.stats.to_json()
         if self.tags:
             body["tags"] = dict(self.tags)
         if self.deletion_vector is not None:
@@ -110,6 +114,7 @@ class AddFile:
             deletion_vector=self.deletion_vector,
             base_row_id=self.base_row_id,
             default_row_commit_version=self.default_row_commit_version,
+            stats=self.stats,
         )
 
     def to_action(self) -> dict[str, Any]:

@@ -426,7 +426,7 @@ def _physical(action: FileAction, schema: Any) -> FileAction:
     if not has_physical_names(schema):
         return action
     values = rename_partition_values(action.partition_values, schema, to_physical=True)
-    if isinstance(action, AddFile) and action.stats is not None:
+    if isinstance(action, (AddFile, RemoveFile)) and action.stats is not None:
         stats = replace(
             action.stats,
             min_values=rename_stats(action.stats.min_values, schema, to_physical=True),

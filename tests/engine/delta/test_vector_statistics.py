@@ -104,3 +104,14 @@ def test_a_commit_refuses_a_vector_without_num_records(tmp_path: Path) -> None:
     with pytest.raises(DeltaError, match="needs numRecords"):
         transaction.commit([old.to_remove(), replace(new, stats=None)], operation="MERGE", operation_parameters={})
     assert load_snapshot(str(tmp_path)).version == snapshot.version
+
+
+def test_a_remove_carries_the_statistics_of_the_file_it_removes(tmp_path: Path) -> None:
+    """As Delta's removes carry them (AddFile.removeWithTimestamp)."""
+    _table(tmp_path, {"id": list(range(10))})
+    first = (tmp_path / "_delta_log" / "00000000000000000000.json").read_text().splitlines()
+    added = next(json.loads(line)["add"] for line in first if '"add"' in line)
+    _mark(tmp_path, [2])
+    commit = sorted((tmp_path / "_delta_log").glob("*.json"))[-1]
+    [removed] = [json.loads(line)["remove"] for line in commit.read_text().splitlines() if '"remove"' in line]
+    assert json.loads(removed["stats"]) == json.loads(added["stats"])
