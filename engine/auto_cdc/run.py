@@ -97,13 +97,13 @@ def run_auto_cdc(
         try:
             batch = _read_batch(spark, spec, views)
             deletes, truncated = _check_events(spark, batch, views[-1])
-            created = _ensure_target(spec, batch, dry_run=dry_run)
+            created, absent = _ensure_target(spec, batch, dry_run=dry_run)
             if not dry_run:
                 created += _ensure_state(spec, batch)
         finally:
             _drop_views(spark, views)
         result = run_merge(
-            spark, _target_merge(spec, batch, truncated), txn=txn, on_progress=on_progress, dry_run=dry_run
+            spark, _target_merge(spec, batch, truncated, absent), txn=txn, on_progress=on_progress, dry_run=dry_run
         )
     except Exception:
         for table in reversed(created):  # the state table first: it may lie inside the target's folder
@@ -257,9 +257,9 @@ def _target_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
     return fields
 
 
-def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> list[_Created]:
+def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> tuple[list[_Created], frozenset[str]]:
     """The first batch creates the target (answering the table this call created); a dry run creates nothing, so
-    it needs the table to exist."""
+    it needs the table to exist. Also answers the batch's value columns the table lacks, which the merge adds."""
     wanted = _target_fields(spec, batch)
     try:
         snapshot = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
@@ -271,7 +271,7 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> list[_C
                 f"target: no Delta table at {spec.target} yet; a dry run creates nothing (the first batch that is "
                 "not a dry run creates the table)."
             ) from None
-        return _create(spec.target, wanted)
+        return _create(spec.target, wanted), frozenset()
     have = {f.name.lower() for f in snapshot.spark_schema.fields}
     # A value column the table lacks is added by the merge (schema evolution); these it cannot add.
     missing = [f.name for f in wanted if f.name.lower() not in have and f.name not in batch.columns.values]
@@ -281,16 +281,7 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> list[_C
             "AUTO CDC target keeps; add them, or let the first batch create the table.",
             field="target",
         )
-    return []
-
-
-def _absent(spec: AutoCdcSpec, path: str, fields: list[T.StructField]) -> frozenset[str]:
-    """Those of ``fields`` a table lacks: the batch brings a new column, which its merge adds."""
-    try:
-        have = {f.name.lower() for f in delta.load_snapshot(path, lake_roots=spec.lake_roots).spark_schema.fields}
-    except TableNotFoundError:
-        return frozenset()
-    return frozenset(f.name for f in fields if f.name.lower() not in have)
+    return [], frozenset(f.name for f in wanted if f.name.lower() not in have)
 
 
 def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
@@ -305,6 +296,12 @@ def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
         T.StructField(EVENT_AT, batch.sequence_type, False),
         T.StructField(IS_DELETE, T.BooleanType(), False),
     ]
+
+
+def _lacks_columns(path: str, spec: AutoCdcSpec, fields: list[T.StructField]) -> bool:
+    """Whether SCD 2's events table lacks a value column the batch brings (its merge adds it)."""
+    have = {f.name.lower() for f in delta.load_snapshot(path, lake_roots=spec.lake_roots).spark_schema.fields}
+    return any(f.name.lower() not in have for f in fields)
 
 
 def _ensure_state(spec: AutoCdcSpec, batch: Batch) -> list[_Created]:
@@ -380,9 +377,9 @@ def _table_view(spark: SparkSession, path: str, spec: AutoCdcSpec, view: str, fi
     df.createOrReplaceTempView(view)
 
 
-def _target_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> MergeSpec:
+def _target_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None, absent: frozenset[str]) -> MergeSpec:
+    """``absent``: the batch's value columns the target lacks, which this merge adds (schema evolution)."""
     columns = batch.columns
-    absent = _absent(spec, spec.target, _target_fields(spec, batch))
     if spec.stored_as_scd_type == 1:
         clauses, on = plan.scd1_target_clauses(columns, truncated, absent), plan.keys_on(columns)
         sql = plan.scd1_source_sql
@@ -400,7 +397,7 @@ def _state_merge(spec: AutoCdcSpec, batch: Batch, truncated: str | None) -> Merg
     else:
         clauses, on = plan.scd2_events_clauses(columns), plan.scd2_events_on(columns)
         source = _frame(spec, batch, lambda v: plan.scd2_events_sql(columns, batch.events(v.batch)))
-    evolve = bool(_absent(spec, spec.state, _state_fields(spec, batch)))
+    evolve = spec.stored_as_scd_type == 2 and _lacks_columns(spec.state, spec, _state_fields(spec, batch))
     return _merge(spec, spec.state, on, source, clauses, deletion_vectors="auto", evolve=evolve)
 
 
