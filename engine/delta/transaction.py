@@ -223,10 +223,10 @@ class Transaction:
                 raise UnsupportedTableFeatureError(
                     f"A VARIANT column needs the variantType table feature, which this table lacks ({variant})"
                 )
-        paths = [a.path for a in actions if isinstance(a, AddFile)]
-        if len(paths) != len(set(paths)):
+        adds = [a for a in actions if isinstance(a, AddFile)]
+        if len({a.path for a in adds}) != len(adds):
             raise DeltaError("The same file is added twice")
-        check_vector_counts([a for a in actions if isinstance(a, AddFile)])
+        check_vector_counts(adds)
         live = self.snapshot.files_by_path
         missing = [a.path for a in actions if isinstance(a, RemoveFile) and a.path not in live]
         if missing:
