@@ -272,16 +272,22 @@ def _ensure_target(spec: AutoCdcSpec, batch: Batch, *, dry_run: bool) -> tuple[l
                 "not a dry run creates the table)."
             ) from None
         return _create(spec.target, wanted), frozenset()
-    have = {f.name.lower() for f in snapshot.spark_schema.fields}
+    absent = _absent(snapshot, wanted)
     # A value column the table lacks is added by the merge (schema evolution); these it cannot add.
-    missing = [f.name for f in wanted if f.name.lower() not in have and f.name not in batch.columns.values]
+    missing = [name for name in absent if name not in batch.columns.values]
     if missing:
         raise MergeResolutionError(
             f"target: the table lacks the column(s) {', '.join(missing)} an SCD type {spec.stored_as_scd_type} "
             "AUTO CDC target keeps; add them, or let the first batch create the table.",
             field="target",
         )
-    return [], frozenset(f.name for f in wanted if f.name.lower() not in have)
+    return [], frozenset(absent)
+
+
+def _absent(snapshot: delta.Snapshot, fields: list[T.StructField]) -> list[str]:
+    """The names of ``fields`` the table lacks (Delta's column names match case-insensitively)."""
+    have = {f.name.lower() for f in snapshot.spark_schema.fields}
+    return [f.name for f in fields if f.name.lower() not in have]
 
 
 def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
@@ -300,8 +306,7 @@ def _state_fields(spec: AutoCdcSpec, batch: Batch) -> list[T.StructField]:
 
 def _lacks_columns(path: str, spec: AutoCdcSpec, fields: list[T.StructField]) -> bool:
     """Whether SCD 2's events table lacks a value column the batch brings (its merge adds it)."""
-    have = {f.name.lower() for f in delta.load_snapshot(path, lake_roots=spec.lake_roots).spark_schema.fields}
-    return any(f.name.lower() not in have for f in fields)
+    return bool(_absent(delta.load_snapshot(path, lake_roots=spec.lake_roots), fields))
 
 
 def _ensure_state(spec: AutoCdcSpec, batch: Batch) -> list[_Created]:
