@@ -73,7 +73,7 @@ def retry_after_seconds(value: str | None, now: datetime) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # delta-seconds are ASCII digits only ("²" is a digit to Python)
         return float(value)
     try:
         when = parsedate_to_datetime(value)
@@ -222,6 +222,8 @@ class CallbackDeliverer:
             wait = outcome.retry_after
             if wait is None:
                 wait = backoff_seconds(delivery.attempt, self.settings)
+            # A receiver may ask for any wait: one beyond the deliveries' maximum age ends the delivery below.
+            wait = min(wait, self.settings.callback_max_age_seconds + 1.0)
             next_at = now + timedelta(seconds=wait)
             deadline = delivery.created_at + timedelta(seconds=self.settings.callback_max_age_seconds)
             if delivery.attempt >= self.settings.callback_max_attempts:

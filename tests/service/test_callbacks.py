@@ -308,6 +308,26 @@ def test_retry_after_reads_seconds_and_dates(clock: FakeClock) -> None:
     assert retry_after_seconds("Thu, 01 Jan 2026 00:01:30 GMT", clock.now) == 90
     assert retry_after_seconds("Wed, 31 Dec 2025 00:00:00 GMT", clock.now) == 0
     assert retry_after_seconds("soon", clock.now) is None and retry_after_seconds(None, clock.now) is None
+    assert retry_after_seconds("\u00b2", clock.now) is None, "a digit to Python, not to HTTP"
+
+
+def test_a_wait_beyond_the_maximum_age_ends_the_delivery(
+    store: JobManager, deliverer: CallbackDeliverer, receiver: Receiver, clock: FakeClock, cb_settings: Settings
+) -> None:
+    """However long the receiver asks to wait (here some 9,500 years, past what a date can hold), the delivery
+    ends as one whose next attempt would come too late, recorded at once."""
+    job_id = succeeded(store, receiver.url())
+    receiver.answer((503, {"Retry-After": "300000000000"}))
+    deliverer.run_once()
+    callback = store.get(job_id).callback
+    assert callback is not None and callback.status is DeliveryStatus.FAILED and callback.attempts == 1
+    limit = f"{cb_settings.callback_max_age_seconds:g}"
+    assert (
+        callback.last_error
+        == f"HTTP 503 from the receiver (gave up: the next attempt would come more than {limit} s after the event)"
+    )
+    clock.advance(3600)
+    assert deliverer.run_once() == 0 and len(receiver.requests) == 1
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 422])
