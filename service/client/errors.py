@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,11 +112,13 @@ _BY_STATUS: dict[int, type[MergeServiceError]] = {
 
 
 def retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds; None when absent or not a finite number."""
     value = response.headers.get("Retry-After")
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return max(0.0, seconds) if seconds is not None and math.isfinite(seconds) else None
 
 
 def error_for(response: httpx.Response) -> MergeServiceError:

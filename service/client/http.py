@@ -29,9 +29,17 @@ class RetryPolicy:
     attempts: int = 5
     backoff: float = 0.5
     backoff_max: float = 10.0
+    retry_after_max: float = 60.0
+    """The longest wait a ``Retry-After`` may ask for (a proxy may ask for hours)."""
 
     def delay(self, attempt: int, hint: float | None) -> float:
-        return hint if hint is not None else min(self.backoff_max, self.backoff * 2**attempt)
+        if hint is not None:
+            return min(hint, self.retry_after_max)
+        return min(self.backoff_max, self.backoff * 2**attempt)
+
+    def gives_up(self, attempt: int, delay: float, deadline: float | None) -> bool:
+        """Whether to stop retrying: the attempts are spent, or the wait would pass the caller's deadline."""
+        return attempt == self.attempts - 1 or (deadline is not None and time.monotonic() + delay > deadline)
 
 
 @dataclass(frozen=True)
@@ -122,23 +130,25 @@ class MergeClient:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, call: _Call) -> httpx.Response:
+    def _send(self, call: _Call, deadline: float | None = None) -> httpx.Response:
         """Send ``call``, retrying dropped connections, 429 and 503 (every call here is safe to repeat: reads,
-        cancels, and submits under one idempotency key)."""
+        cancels, and submits under one idempotency key), never waiting past ``deadline`` (``time.monotonic()``)."""
         for attempt in range(self.retry.attempts):
-            last = attempt == self.retry.attempts - 1
             try:
                 response = self._http.request(
                     call.method, call.path, json=call.json, params=call.params, headers=call.headers
                 )
             except httpx.TransportError as exc:
-                if last:
+                delay = self.retry.delay(attempt, None)
+                if self.retry.gives_up(attempt, delay, deadline):
                     raise _unreachable(exc) from exc
-                time.sleep(self.retry.delay(attempt, None))
+                time.sleep(delay)
                 continue
-            if response.status_code in RETRY_STATUSES and not last:
-                time.sleep(self.retry.delay(attempt, retry_after(response)))
-                continue
+            if response.status_code in RETRY_STATUSES:
+                delay = self.retry.delay(attempt, retry_after(response))
+                if not self.retry.gives_up(attempt, delay, deadline):
+                    time.sleep(delay)
+                    continue
             if response.is_error:
                 raise error_for(response)
             return response
@@ -151,8 +161,8 @@ class MergeClient:
     def get(self, job_id: str) -> Job:
         return Job.from_json(self._send(_Call("GET", f"/merges/{job_id}")).json())
 
-    def _get_with_hint(self, job_id: str) -> tuple[Job, float | None]:
-        response = self._send(_Call("GET", f"/merges/{job_id}"))
+    def _get_with_hint(self, job_id: str, deadline: float) -> tuple[Job, float | None]:
+        response = self._send(_Call("GET", f"/merges/{job_id}"), deadline)
         return Job.from_json(response.json()), retry_after(response)
 
     def handle(self, job_id: str) -> JobHandle:
@@ -168,7 +178,7 @@ class MergeClient:
         deadline = time.monotonic() + timeout
         step = 0
         while True:
-            job, hint = self._get_with_hint(job_id)
+            job, hint = self._get_with_hint(job_id, deadline)
             if on_poll is not None:
                 on_poll(job)
             if job.finished:
@@ -248,21 +258,23 @@ class AsyncMergeClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: _Call) -> httpx.Response:
+    async def _send(self, call: _Call, deadline: float | None = None) -> httpx.Response:
         for attempt in range(self.retry.attempts):
-            last = attempt == self.retry.attempts - 1
             try:
                 response = await self._http.request(
                     call.method, call.path, json=call.json, params=call.params, headers=call.headers
                 )
             except httpx.TransportError as exc:
-                if last:
+                delay = self.retry.delay(attempt, None)
+                if self.retry.gives_up(attempt, delay, deadline):
                     raise _unreachable(exc) from exc
-                await asyncio.sleep(self.retry.delay(attempt, None))
+                await asyncio.sleep(delay)
                 continue
-            if response.status_code in RETRY_STATUSES and not last:
-                await asyncio.sleep(self.retry.delay(attempt, retry_after(response)))
-                continue
+            if response.status_code in RETRY_STATUSES:
+                delay = self.retry.delay(attempt, retry_after(response))
+                if not self.retry.gives_up(attempt, delay, deadline):
+                    await asyncio.sleep(delay)
+                    continue
             if response.is_error:
                 raise error_for(response)
             return response
@@ -282,7 +294,7 @@ class AsyncMergeClient:
         deadline = time.monotonic() + timeout
         step = 0
         while True:
-            response = await self._send(_Call("GET", f"/merges/{job_id}"))
+            response = await self._send(_Call("GET", f"/merges/{job_id}"), deadline)
             job = Job.from_json(response.json())
             if job.finished:
                 return outcome(job, raise_on_failure)

@@ -316,6 +316,58 @@ def test_unreachable_service_is_unavailable_error() -> None:
         c.get("01ARZ3NDEKTSV4RRFFQ69G5FAV")
 
 
+class Unavailable(BaseHTTPRequestHandler):
+    """Answers every ``GET`` with 503 and the ``Retry-After`` a proxy in front of the service chose."""
+
+    retry_after = "3600"
+    seen: ClassVar[list[float]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(time.monotonic())
+        data = json.dumps({"type": "about:blank", "title": "Service Unavailable", "status": 503}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/problem+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Retry-After", type(self).retry_after)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def unavailable() -> Iterator[str]:
+    Unavailable.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_wait_gives_up_by_its_deadline_whatever_retry_after_asks(unavailable: str) -> None:
+    Unavailable.retry_after = "3600"
+    started = time.monotonic()
+    with MergeClient(unavailable) as c, pytest.raises(UnavailableError):
+        c.wait("01ARZ3NDEKTSV4RRFFQ69G5FAV", timeout=1.0)
+    assert time.monotonic() - started < 5, "an hour's Retry-After does not outlast wait's timeout"
+    assert len(Unavailable.seen) == 1
+
+
+def test_retry_after_is_capped_and_a_number_that_is_not_finite_is_no_hint(unavailable: str) -> None:
+    assert RetryPolicy(retry_after_max=2.0).delay(0, 3600.0) == 2.0
+    Unavailable.retry_after = "inf"
+    started = time.monotonic()
+    with (
+        MergeClient(unavailable, retry=RetryPolicy(attempts=3, backoff=0.01)) as c,
+        pytest.raises(UnavailableError) as raised,
+    ):
+        c.get("01ARZ3NDEKTSV4RRFFQ69G5FAV")
+    assert time.monotonic() - started < 5 and len(Unavailable.seen) == 3
+    assert raised.value.status == 503
+
+
 def python_blocks(doc: Path) -> list[str]:
     text = doc.read_text()
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
