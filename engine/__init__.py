@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
+    from engine.applied import find_applied
     from engine.auto_cdc.run import run_auto_cdc, validate_auto_cdc
     from engine.auto_cdc.spec import AutoCdcSpec
     from engine.command import run_merge
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from engine.warm_start import warm_up
 
 _EXPORTS = {
+    "find_applied": "engine.applied",
     "AutoCdcSpec": "engine.auto_cdc.spec",
     "run_auto_cdc": "engine.auto_cdc.run",
     "validate_auto_cdc": "engine.auto_cdc.run",
@@ -78,6 +80,7 @@ __all__ = [
     "UpdateAction",
     "check_no_internal_columns",
     "connect",
+    "find_applied",
     "parse_merge_sql",
     "rows_to_arrow",
     "run_auto_cdc",

@@ -18,6 +18,7 @@ from pyspark.sql.types import (
 from sqlglot import exp
 
 from engine import delta, streamed_source
+from engine.applied import applied_result, holds, result_row
 from engine.context import MergeContext
 from engine.delta import AddCDCFile, AddFile, CommitAction, Snapshot, row_tracking
 from engine.delta.identity import with_high_water_marks
@@ -104,10 +105,8 @@ class MergeIntoCommand:
         try:
             snapshot = delta.load_snapshot(self.spec.target, lake_roots=self.spec.lake_roots)
             delta.check_supported(snapshot)
-            if self.txn is not None:
-                applied = snapshot.app_transaction_version(self.txn.app_id)
-                if applied is not None and applied >= self.txn.version:
-                    return _already_applied(snapshot, self.txn)
+            if self.txn is not None and holds(snapshot, self.txn):
+                return applied_result(snapshot, self.txn)
             if any(isinstance(c.action, (UpdateAction, DeleteAction)) for c in self.spec.clauses):
                 delta.check_can_modify(snapshot)
             wrote = True
@@ -203,7 +202,7 @@ class MergeIntoCommand:
         m["executionTimeMs"] = int((time.monotonic() - start) * 1000)
         if changed and not self.dry_run:
             version = self._commit(snapshot, resolved, predicate, candidates, [*readded, *added, *cdc_files], removed)
-        return MergeResult(table_version=version, result=_result_row(m), metrics=dict(m))
+        return MergeResult(table_version=version, result=result_row(m), metrics=dict(m))
 
     def _finish_metrics(self, snapshot: Snapshot, added: list[AddFile], removed: list[AddFile]) -> None:
         m = self.metrics
@@ -308,33 +307,3 @@ class MergeIntoCommand:
             "notMatchedPredicates": predicates(self.spec.not_matched),
             "notMatchedBySourcePredicates": predicates(self.spec.not_matched_by_source),
         }
-
-
-def _result_row(m: dict[str, int]) -> dict[str, int]:
-    updated = m.get("numTargetRowsUpdated", 0)
-    deleted = m.get("numTargetRowsDeleted", 0)
-    inserted = m.get("numTargetRowsInserted", 0)
-    return {
-        "num_affected_rows": updated + deleted + inserted,
-        "num_updated_rows": updated,
-        "num_deleted_rows": deleted,
-        "num_inserted_rows": inserted,
-    }
-
-
-def _already_applied(snapshot: Snapshot, txn: AppTransaction) -> MergeResult:
-    """The result of a merge an earlier attempt committed, read back from that commit's operationMetrics."""
-    version = delta.find_app_transaction_commit(snapshot, txn.app_id, txn.version)
-    # The commit records the first 22 metrics; the ones Delta shows only in its UI are not recorded.
-    metrics: dict[str, int] = dict.fromkeys(ALL_METRICS, 0)
-    if version is not None:
-        recorded = delta.commit_info(snapshot, version).get("operationMetrics") or {}
-        for key, value in recorded.items():
-            with contextlib.suppress(TypeError, ValueError):
-                metrics[key] = int(value)
-    return MergeResult(
-        table_version=version if version is not None else snapshot.version,
-        result=_result_row(metrics),
-        metrics=metrics,
-        already_applied=True,
-    )

@@ -24,7 +24,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from engine import delta
-from engine.command import _result_row
+from engine.applied import applied_result, holds, recorded_metrics, result_row
 from engine.delta import Snapshot
 from engine.errors import (
     ConcurrentModificationError,
@@ -104,14 +104,8 @@ def run_delta_merge(
         spec = validate_spec(spec)
     progress = on_progress or (lambda phase: None)
     before = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
-    if txn is not None:
-        applied = before.app_transaction_version(txn.app_id)
-        if applied is not None and applied >= txn.version:
-            version = delta.find_app_transaction_commit(before, txn.app_id, txn.version)
-            metrics = _commit_metrics(before, version)
-            return MergeResult(
-                table_version=version, result=_result_row(metrics), metrics=metrics, already_applied=True
-            )
+    if txn is not None and holds(before, txn):
+        return applied_result(before, txn, all_metrics=False)
     views: list[str] = []
     try:
         progress("preparing_source")
@@ -249,21 +243,10 @@ def _result(
         version = delta.find_app_transaction_commit(after, txn.app_id, txn.version)
     else:
         version = after.version if after.version > before.version else None
-    metrics = _commit_metrics(after, version)
+    metrics = recorded_metrics(after, version)
     if not rows:
         # No output row: Delta found the txn in the table when its transaction began, or the statement failed
         # after its commit landed; either way the commit's own metrics say what it did.
-        return MergeResult(table_version=version, result=_result_row(metrics), metrics=metrics, already_applied=True)
-    result = {key: int(rows[0].get(key) or 0) for key in _result_row({})}
+        return MergeResult(table_version=version, result=result_row(metrics), metrics=metrics, already_applied=True)
+    result = {key: int(rows[0].get(key) or 0) for key in result_row({})}
     return MergeResult(table_version=version, result=result, metrics=metrics)
-
-
-def _commit_metrics(snapshot: Snapshot, version: int | None) -> dict[str, int]:
-    """The ``operationMetrics`` Delta's commit recorded (as strings), as numbers; exactly the keys it recorded."""
-    metrics: dict[str, int] = {}
-    if version is None:
-        return metrics
-    for key, value in (delta.commit_info(snapshot, version).get("operationMetrics") or {}).items():
-        with contextlib.suppress(TypeError, ValueError):
-            metrics[key] = int(value)
-    return metrics

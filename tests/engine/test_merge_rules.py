@@ -21,6 +21,7 @@ from engine import (
     AppTransaction,
     MergeSpec,
     RowsSource,
+    find_applied,
     parse_merge_sql,
     run_merge,
 )
@@ -157,6 +158,33 @@ def test_an_applied_txn_is_not_applied_again(spark: SparkSession, tmp_path: Path
     assert {k: again.metrics[k] for k in COMMIT_METRICS} == {k: first.metrics[k] for k in COMMIT_METRICS}
     assert DeltaTable(str(target)).version() == 1
     assert DeltaTable(str(target)).transaction_version("merge-service-test") == 7
+
+
+def test_an_applied_txn_is_found_from_the_log_alone(spark: SparkSession, tmp_path: Path) -> None:
+    """``find_applied`` answers what a retry's ``run_merge`` would, without Spark; a log cleaned past the commit
+    still holds the txn (in its checkpoint) but no longer the version, which is then not guessed."""
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE)
+    spec = make_spec(target, source, "t.id = s.id", UPSERT)
+    txn = AppTransaction("merge-service-test", 7)
+    assert find_applied(spec, txn) is None
+    first = run_merge(spark, spec, txn=txn)
+    found = find_applied(spec, txn)
+    assert found is not None and found.already_applied
+    assert (found.table_version, found.result) == (first.table_version, first.result)
+    assert found == run_merge(spark, spec, txn=txn)
+    assert find_applied(spec, AppTransaction("merge-service-test", 8)) is None
+    assert find_applied(spec, AppTransaction("another-app", 1)) is None
+    recorded = find_applied(spec, txn, all_metrics=False)
+    assert recorded is not None and set(recorded.metrics) < set(ALL_METRICS)
+    assert {k: recorded.metrics[k] for k in COMMIT_METRICS} == {k: first.metrics[k] for k in COMMIT_METRICS}
+
+    run_merge(spark, spec, txn=AppTransaction("merge-service-test", 8))
+    DeltaTable(str(target)).create_checkpoint()
+    for version in (0, 1):
+        os.remove(os.path.join(target, "_delta_log", f"{version:020d}.json"))
+    cleaned = find_applied(spec, txn)
+    assert cleaned is not None and cleaned.already_applied and cleaned.table_version is None
 
 
 def test_nothing_to_change_commits_nothing(spark: SparkSession, tmp_path: Path) -> None:
