@@ -64,6 +64,7 @@ def _claim(where: Any) -> Any:
             jobs.c.submitted_at,
             jobs.c.started_at,
             jobs.c.callback_url,
+            jobs.c.commit_started,
         )
     )
 
@@ -117,4 +118,5 @@ class JobClaims(JobStore):
             submitted_at=row.submitted_at,
             started_at=row.started_at,
             started_event=started_event,
+            commit_started=bool(row.commit_started),
         )

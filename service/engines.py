@@ -57,6 +57,12 @@ def merge_function(name: str) -> Callable[..., Any]:
     return engine.run_delta_merge if name == "delta" else engine.run_merge
 
 
+def all_metrics(name: str) -> bool:
+    """Whether a job's result shows every metric the engine reports (the builtin engine's), or exactly those its
+    commit recorded (Delta's, whose others show only in its UI)."""
+    return name != "delta"
+
+
 def commit_interruptible(name: str) -> bool:
     """Whether an attempt may be interrupted while it commits. Delta's MERGE is one statement that may commit at
     any moment, so its whole run counts as committing; after an interrupted statement the engine reads the log for

@@ -38,6 +38,21 @@ class LeaseLostError(ServiceError):
     title = "Worker lease lost"
 
 
+class TxnTakenError(ServiceError):
+    """The table holds the job's ``txn`` though no attempt of the job began a commit: the number came from
+    another job database (one reset or restored, or another deployment's under the same app id)."""
+
+    title = "Transaction number already taken"
+
+    def __init__(self, app_id: str, version: int) -> None:
+        super().__init__(
+            f"The table already holds txn version {version} (or a later one) of the app id {app_id!r}, and no "
+            "attempt of this job wrote it: another job database issued the same sequence numbers under this app "
+            "id (a new or restored database, or another deployment's). The merge did not run and the table is "
+            "unchanged; give this deployment an app id of its own (MERGE_SERVICE_APP_ID) and submit it again."
+        )
+
+
 class CancelRequestedError(ServiceError):
     """Raised from a safe point when the job's cancellation was requested."""
 

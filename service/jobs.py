@@ -133,6 +133,8 @@ class ClaimedJob:
     started_at: datetime
     started_event: bool = False
     """This claim promised the job's ``started`` callback (its first attempt, with a callback URL)."""
+    commit_started: bool = False
+    """An earlier attempt began its commit: only then may the table already hold the job's ``txn``."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from service.errors import (
     LeaseLostError,
     RequestValidationProblem,
     ServiceError,
+    TxnTakenError,
 )
 from service.schemas import CLAUSE_TAGS, UNION_TAGS
 
@@ -61,6 +62,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     DatabaseUnavailableError: "database-unavailable",
     LeaseLostError: "lease-lost",
     CancelRequestedError: "cancelled",
+    TxnTakenError: "txn-taken",
     InvalidTransitionError: INTERNAL_SLUG,
     ServiceError: INTERNAL_SLUG,
     # The engine's errors: the spec and its resolution.
@@ -316,6 +318,8 @@ def job_problem(exc: BaseException) -> dict[str, Any]:
         return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": str(exc)}
     if isinstance(exc, RequestValidationProblem):
         return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": exc.message, "status": 422}
+    if isinstance(exc, TxnTakenError):
+        return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": str(exc), "status": 409}
     if isinstance(exc, engine_errors.MergeServiceEngineError):
         body: dict[str, Any] = {
             "type": problem_type(slug_for(exc)),

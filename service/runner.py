@@ -3,12 +3,13 @@ alive, and the readiness probe that tells /readyz whether Spark answers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import structlog
 
@@ -16,7 +17,7 @@ import engine
 import engine.errors as engine_errors
 import engine.spark as engine_spark
 from service import engines
-from service.jobs import ClaimedJob
+from service.jobs import ClaimedJob, Phase
 from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
 from service.settings import Settings
@@ -147,37 +148,64 @@ class EngineRunner:
         submission, or an earlier job did): a row another process wrote, which may run another version of the
         service, is always checked here before anything runs it."""
         built = build_merge(parse_request(job.spec), self.roots)
+        name = engines.stored_engine(job.spec)
+        if job.commit_started and not job.dry_run:
+            # An earlier attempt began its commit: the log alone says whether it landed, Spark up or not.
+            landed = engine.find_applied(built.spec, txn, all_metrics=engines.all_metrics(name))
+            if landed is not None:
+                return landed
         spark = self.session()
         spark.addTag(tag)
+        committing = False
+
+        def progress(phase: str) -> None:
+            nonlocal committing
+            committing = committing or phase == Phase.COMMITTING.value
+            on_progress(phase)
+
         try:
-            run = engines.merge_function(engines.stored_engine(job.spec))
+            run = engines.merge_function(name)
             if isinstance(built.spec, engine.AutoCdcSpec):
                 run = engine.run_auto_cdc
             return run(
                 spark,
                 built.spec,
                 txn=txn,
-                on_progress=on_progress,
+                on_progress=progress,
                 dry_run=job.dry_run,
                 validated=True,
             )
         except Exception as exc:
-            stalled = self._stalled
-            given_up = stalled is not None and stalled[0] is spark
-            if not given_up and not engine_spark.session_lost(spark, exc):
-                raise
-            message = stalled[1] if stalled is not None and given_up else engine_errors.spark_error_message(exc)
-            self._drop(spark, message)
-            if given_up:
-                raise engine_errors.SparkUnavailableError(message) from exc
-            if isinstance(exc, engine_errors.SparkUnavailableError):
-                raise
-            raise engine_errors.SparkUnavailableError(f"Spark Connect lost the session: {message}") from exc
+            landed = None
+            if committing and not job.dry_run:
+                # A failure after the commit began may follow a commit that landed: then the merge is done.
+                with contextlib.suppress(Exception):
+                    landed = engine.find_applied(built.spec, txn, all_metrics=engines.all_metrics(name))
+            if landed is None:
+                self._raise_failure(spark, exc)
+            with contextlib.suppress(Exception):
+                self._raise_failure(spark, exc)  # drops a session Spark lost
+            return landed
         finally:
             try:
                 spark.removeTag(tag)
             except Exception as exc:
                 log.debug("removing a Spark tag failed", error=repr(exc))
+
+    def _raise_failure(self, spark: Any, exc: Exception) -> NoReturn:
+        """Raise what an attempt's failure is, dropping the session when Spark lost it (the next use connects
+        again)."""
+        stalled = self._stalled
+        given_up = stalled is not None and stalled[0] is spark
+        if not given_up and not engine_spark.session_lost(spark, exc):
+            raise exc
+        message = stalled[1] if stalled is not None and given_up else engine_errors.spark_error_message(exc)
+        self._drop(spark, message)
+        if given_up:
+            raise engine_errors.SparkUnavailableError(message) from exc
+        if isinstance(exc, engine_errors.SparkUnavailableError):
+            raise exc
+        raise engine_errors.SparkUnavailableError(f"Spark Connect lost the session: {message}") from exc
 
     def interrupt(self, tag: str) -> None:
         spark = self._spark

@@ -21,7 +21,7 @@ from ulid import ULID
 import engine.errors as engine_errors
 from service import engines
 from service.callback_delivery import CallbackDeliverer
-from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError
+from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError, TxnTakenError
 from service.job_control import JobControl
 from service.jobs import ClaimedJob
 from service.manager import JobManager
@@ -198,6 +198,8 @@ class Worker:
             return self._record_failure(job, control, exc)
         timeline.mark("recording")
         control.stop()
+        if result.already_applied and not (job.commit_started or control.commit_started):
+            return self._record_failure(job, control, TxnTakenError(txn.app_id, txn.version))
         try:
             self.manager.succeed(
                 lease,
