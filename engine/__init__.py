@@ -14,6 +14,7 @@ from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
     from engine.applied import find_applied
+    from engine.auto_cdc.applied import find_applied_batch
     from engine.auto_cdc.run import run_auto_cdc, validate_auto_cdc
     from engine.auto_cdc.spec import AutoCdcSpec
     from engine.command import run_merge
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "find_applied": "engine.applied",
     "AutoCdcSpec": "engine.auto_cdc.spec",
+    "find_applied_batch": "engine.auto_cdc.applied",
     "run_auto_cdc": "engine.auto_cdc.run",
     "validate_auto_cdc": "engine.auto_cdc.run",
     "run_merge": "engine.command",
@@ -81,6 +83,7 @@ __all__ = [
     "check_no_internal_columns",
     "connect",
     "find_applied",
+    "find_applied_batch",
     "parse_merge_sql",
     "rows_to_arrow",
     "run_auto_cdc",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 
 from engine import delta
-from engine.auto_cdc.spec import AutoCdcSpec
 from engine.delta import Snapshot
 from engine.errors import TableNotFoundError
 from engine.result import ALL_METRICS, AppTransaction, MergeResult
@@ -60,17 +59,16 @@ def applied_result(snapshot: Snapshot, txn: AppTransaction, *, all_metrics: bool
     )
 
 
-def find_applied(spec: MergeSpec | AutoCdcSpec, txn: AppTransaction, *, all_metrics: bool = True) -> MergeResult | None:
-    """The result of ``spec``'s merge when an earlier attempt committed it under ``txn``; None when it did not (or
-    did not finish: an AUTO CDC batch is applied once its state table holds the ``txn`` too)."""
+def holding(path: str, lake_roots: tuple[str, ...], txn: AppTransaction) -> Snapshot | None:
+    """The table's snapshot when it holds ``txn``; None when it does not, or does not exist yet."""
     try:
-        target = delta.load_snapshot(spec.target, lake_roots=spec.lake_roots)
-        if not holds(target, txn):
-            return None
-        if isinstance(spec, AutoCdcSpec) and not holds(
-            delta.load_snapshot(spec.state, lake_roots=spec.lake_roots), txn
-        ):
-            return None
+        snapshot = delta.load_snapshot(path, lake_roots=lake_roots)
     except TableNotFoundError:
         return None
-    return applied_result(target, txn, all_metrics=all_metrics)
+    return snapshot if holds(snapshot, txn) else None
+
+
+def find_applied(spec: MergeSpec, txn: AppTransaction, *, all_metrics: bool = True) -> MergeResult | None:
+    """The result of ``spec``'s merge when an earlier attempt committed it under ``txn``; None when it did not."""
+    target = holding(spec.target, spec.lake_roots, txn)
+    return None if target is None else applied_result(target, txn, all_metrics=all_metrics)

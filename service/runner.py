@@ -149,9 +149,14 @@ class EngineRunner:
         service, is always checked here before anything runs it."""
         built = build_merge(parse_request(job.spec), self.roots)
         name = engines.stored_engine(job.spec)
+        all_metrics = engines.all_metrics(name)
+        run = engines.merge_function(name)
+        find_applied: Callable[..., RunResult | None] = engine.find_applied
+        if isinstance(built.spec, engine.AutoCdcSpec):
+            run, find_applied = engine.run_auto_cdc, engine.find_applied_batch
         if job.commit_started and not job.dry_run:
             # An earlier attempt began its commit: the log alone says whether it landed, Spark up or not.
-            landed = engine.find_applied(built.spec, txn, all_metrics=engines.all_metrics(name))
+            landed = find_applied(built.spec, txn, all_metrics=all_metrics)
             if landed is not None:
                 return landed
         spark = self.session()
@@ -164,9 +169,6 @@ class EngineRunner:
             on_progress(phase)
 
         try:
-            run = engines.merge_function(name)
-            if isinstance(built.spec, engine.AutoCdcSpec):
-                run = engine.run_auto_cdc
             return run(
                 spark,
                 built.spec,
@@ -180,7 +182,7 @@ class EngineRunner:
             if committing and not job.dry_run:
                 # A failure after the commit began may follow a commit that landed: then the merge is done.
                 with contextlib.suppress(Exception):
-                    landed = engine.find_applied(built.spec, txn, all_metrics=engines.all_metrics(name))
+                    landed = find_applied(built.spec, txn, all_metrics=all_metrics)
             if landed is None:
                 self._raise_failure(spark, exc)
             with contextlib.suppress(Exception):

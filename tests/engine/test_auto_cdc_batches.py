@@ -5,6 +5,7 @@ that fails in a folder the user owns."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
-from engine import AutoCdcSpec, RowsSource, run_auto_cdc
+from engine import AppTransaction, AutoCdcSpec, RowsSource, find_applied_batch, run_auto_cdc
 from engine.errors import MergeCancelledError, SourceError
 from tests.engine.test_auto_cdc import table_rows
 
@@ -244,3 +245,28 @@ def test_null_updates_reach_nested_fields(spark: SparkSession, tmp_path: Path, s
             (1, address("Paris", "75002", "a"), 2),
             (1, address("Lyon", "75002", "a"), 3),
         ]
+
+
+def test_a_batch_is_found_applied_once_both_tables_hold_its_txn(spark: SparkSession, tmp_path: Path) -> None:
+    """``find_applied_batch`` reads the log alone: a batch whose target took it but whose state table did not (an
+    attempt ended between the two merges) is not applied yet, and the retry that finishes it returns the target's
+    merge as committed."""
+    target = tmp_path / "t"
+    rows = [{"id": 1, "ts": 1, "v": "a"}, {"id": 2, "ts": 1, "v": "b"}]
+    spec = cdc(target, rows, "id BIGINT, ts BIGINT, v STRING", stored_as_scd_type=2)
+    txn = AppTransaction("merge-service-test", 3)
+    assert find_applied_batch(spec, txn) is None
+    first = run_auto_cdc(spark, spec, txn=txn)
+    found = find_applied_batch(spec, txn)
+    assert found is not None and found.already_applied
+    assert (found.table_version, found.result) == (first.table_version, first.result)
+    assert find_applied_batch(spec, AppTransaction("merge-service-test", 4)) is None
+
+    state = DeltaTable(spec.state)
+    assert state.transaction_version("merge-service-test") == 3
+    os.remove(os.path.join(spec.state, "_delta_log", f"{state.version():020d}.json"))  # the state merge undone
+    assert find_applied_batch(spec, txn) is None
+    again = run_auto_cdc(spark, spec, txn=txn)
+    assert again.already_applied and (again.table_version, again.result) == (first.table_version, first.result)
+    assert DeltaTable(spec.state).transaction_version("merge-service-test") == 3
+    assert find_applied_batch(spec, txn) == again
