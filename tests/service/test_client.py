@@ -250,7 +250,34 @@ def test_retry_after_a_dropped_connection_creates_one_job(service: Service) -> N
     assert rows_by_id(target) == {1: "n1", 2: "n2", 3: "n3", 7: "seven"}
 
 
-class RateLimited(BaseHTTPRequestHandler):
+class Stub(BaseHTTPRequestHandler):
+    """A stand-in for the service, or a proxy in front of it, answering as a test's case needs."""
+
+    def _answer(self, status: int, body: Mapping[str, object], headers: dict[str, str]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serving(handler: type[Stub]) -> Iterator[str]:
+    """``handler`` served on a free local port: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class RateLimited(Stub):
     """Answers ``POST /merges`` with 429 (``Retry-After: 1``) ``limited`` times, then with a queued job."""
 
     limited = 1
@@ -266,26 +293,12 @@ class RateLimited(BaseHTTPRequestHandler):
         job = {"id": "01J0000000000000000000000A", "status": "queued", "phase": "queued", "target": "/lake/t"}
         self._answer(202, job, {})
 
-    def _answer(self, status: int, body: Mapping[str, object], headers: dict[str, str]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def stub() -> Iterator[str]:
     RateLimited.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RateLimited)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(RateLimited) as url:
+        yield url
 
 
 def test_429_is_retried_after_retry_after_with_the_same_key(stub: str) -> None:
@@ -316,7 +329,7 @@ def test_unreachable_service_is_unavailable_error() -> None:
         c.get("01ARZ3NDEKTSV4RRFFQ69G5FAV")
 
 
-class Unavailable(BaseHTTPRequestHandler):
+class Unavailable(Stub):
     """Answers every ``GET`` with 503 and the ``Retry-After`` a proxy in front of the service chose."""
 
     retry_after = "3600"
@@ -324,26 +337,16 @@ class Unavailable(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         type(self).seen.append(time.monotonic())
-        data = json.dumps({"type": "about:blank", "title": "Service Unavailable", "status": 503}).encode()
-        self.send_response(503)
-        self.send_header("Content-Type", "application/problem+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Retry-After", type(self).retry_after)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        body = {"type": "about:blank", "title": "Service Unavailable", "status": 503}
+        headers = {"Content-Type": "application/problem+json", "Retry-After": type(self).retry_after}
+        self._answer(503, body, headers)
 
 
 @pytest.fixture
 def unavailable() -> Iterator[str]:
     Unavailable.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(Unavailable) as url:
+        yield url
 
 
 def test_wait_gives_up_by_its_deadline_whatever_retry_after_asks(unavailable: str) -> None:
