@@ -14,7 +14,7 @@ from engine.exports import lazy_exports
 
 if TYPE_CHECKING:
     from engine.applied import find_applied
-    from engine.auto_cdc.applied import find_applied_batch
+    from engine.auto_cdc.applied import find_applied_batch, half_applied_batch
     from engine.auto_cdc.run import run_auto_cdc, validate_auto_cdc
     from engine.auto_cdc.spec import AutoCdcSpec
     from engine.command import run_merge
@@ -40,6 +40,7 @@ _EXPORTS = {
     "find_applied": "engine.applied",
     "AutoCdcSpec": "engine.auto_cdc.spec",
     "find_applied_batch": "engine.auto_cdc.applied",
+    "half_applied_batch": "engine.auto_cdc.applied",
     "run_auto_cdc": "engine.auto_cdc.run",
     "validate_auto_cdc": "engine.auto_cdc.run",
     "run_merge": "engine.command",
@@ -84,6 +85,7 @@ __all__ = [
     "connect",
     "find_applied",
     "find_applied_batch",
+    "half_applied_batch",
     "parse_merge_sql",
     "rows_to_arrow",
     "run_auto_cdc",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import engine.errors as engine_errors
+
 
 class ServiceError(Exception):
     """Root of every error the service raises on purpose."""
@@ -80,3 +82,15 @@ class RequestValidationProblem(ServiceError):
 class InvalidParameterProblem(RequestValidationProblem):
     """A query parameter that has the API's shape but cannot be valid (a table filter outside the lake); ``field``
     is ``query <name>``."""
+
+
+class BatchAwaitsSparkError(engine_errors.AutoCdcIncompleteError):
+    """An AUTO CDC batch's target took its commit but its state table has not, and Spark is away: only a run on
+    Spark can finish it. The job is retried until Spark returns, past the attempt limit: failing it would leave the
+    target changed and the table's next batch reading a state that lacks this one."""
+
+    def __init__(self, target: str, why: str) -> None:
+        super().__init__(
+            f"The target {target} took this batch but its state table did not, and Spark is away ({why}). The job "
+            "is retried until Spark returns, to finish the state table; the table's later batches wait for it."
+        )

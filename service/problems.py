@@ -23,6 +23,7 @@ from engine.delta.errors import (
     WriteSchemaMismatchError,
 )
 from service.errors import (
+    BatchAwaitsSparkError,
     CancelRequestedError,
     DatabaseUnavailableError,
     IdempotencyConflictError,
@@ -80,6 +81,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     engine_errors.SparkUnavailableError: "spark-unavailable",
     engine_errors.StorageWriteError: "storage-write",
     engine_errors.AutoCdcIncompleteError: "auto-cdc-incomplete",
+    BatchAwaitsSparkError: "auto-cdc-incomplete",
     # The Delta table layer.
     engine_errors.DeltaError: "delta",
     engine_errors.TableNotFoundError: "table-not-found",
@@ -305,7 +307,10 @@ def _engine_status(exc: BaseException) -> int | None:
         ),
     ):
         return 422
-    if isinstance(exc, engine_errors.SparkUnavailableError | engine_errors.StorageWriteError):
+    if isinstance(
+        exc,
+        engine_errors.SparkUnavailableError | engine_errors.StorageWriteError | engine_errors.AutoCdcIncompleteError,
+    ):
         return 503
     return None
 

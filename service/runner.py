@@ -17,6 +17,7 @@ import engine
 import engine.errors as engine_errors
 import engine.spark as engine_spark
 from service import engines
+from service.errors import BatchAwaitsSparkError
 from service.jobs import ClaimedJob, Phase
 from service.metrics import ServiceMetrics
 from service.paths import LakeRoots
@@ -159,7 +160,10 @@ class EngineRunner:
             landed = find_applied(built.spec, txn, all_metrics=all_metrics)
             if landed is not None:
                 return landed
-        spark = self.session()
+        try:
+            spark = self.session()
+        except engine_errors.SparkUnavailableError as exc:
+            _raise_spark_away(built.spec, txn, job, exc)
         spark.addTag(tag)
         committing = False
 
@@ -184,7 +188,10 @@ class EngineRunner:
                 with contextlib.suppress(Exception):
                     landed = find_applied(built.spec, txn, all_metrics=all_metrics)
             if landed is None:
-                self._raise_failure(spark, exc)
+                try:
+                    self._raise_failure(spark, exc)
+                except engine_errors.SparkUnavailableError as failure:
+                    _raise_spark_away(built.spec, txn, job, failure)
             with contextlib.suppress(Exception):
                 self._raise_failure(spark, exc)  # drops a session Spark lost
             return landed
@@ -318,3 +325,15 @@ def warm_up_dir(settings: Settings) -> Path:
     if settings.warm_up_dir:
         return Path(settings.warm_up_dir)
     return Path(os.path.realpath(settings.lake_roots[0])) / "_merge_service_warm_up"
+
+
+def _raise_spark_away(spec: Any, txn: TxnId, job: ClaimedJob, failure: engine_errors.SparkUnavailableError) -> NoReturn:
+    """Raise ``failure``; for an AUTO CDC batch half applied, which only a run on Spark can finish, raise
+    ``BatchAwaitsSparkError`` instead, which the worker retries until Spark returns."""
+    half = False
+    if isinstance(spec, engine.AutoCdcSpec) and not job.dry_run:
+        with contextlib.suppress(Exception):
+            half = engine.half_applied_batch(spec, txn)
+    if half:
+        raise BatchAwaitsSparkError(spec.target, str(failure)) from failure
+    raise failure

@@ -21,7 +21,13 @@ from ulid import ULID
 import engine.errors as engine_errors
 from service import engines
 from service.callback_delivery import CallbackDeliverer
-from service.errors import CancelRequestedError, DatabaseUnavailableError, LeaseLostError, TxnTakenError
+from service.errors import (
+    BatchAwaitsSparkError,
+    CancelRequestedError,
+    DatabaseUnavailableError,
+    LeaseLostError,
+    TxnTakenError,
+)
 from service.job_control import JobControl
 from service.jobs import ClaimedJob
 from service.manager import JobManager
@@ -241,9 +247,10 @@ class Worker:
                 )
                 log.info("job handed back to the queue at shutdown")
                 return "retry"
-            # A commit whose outcome is unknown gets one attempt beyond the limit: it finds its txn if it landed.
+            # A commit whose outcome is unknown gets one attempt beyond the limit: it finds its txn if it landed. An
+            # AUTO CDC batch half applied while Spark is away has no limit: failing it would leave its target changed.
             limit = self.settings.max_attempts + (1 if isinstance(exc, engine_errors.CommitStateUnknownError) else 0)
-            if is_retryable(exc) and lease.attempt < limit:
+            if is_retryable(exc) and (lease.attempt < limit or isinstance(exc, BatchAwaitsSparkError)):
                 delay = backoff_seconds(lease.attempt, self.settings)
                 status = self.manager.retry(lease, error=problem, delay_seconds=delay)
                 log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3), status=status.value)

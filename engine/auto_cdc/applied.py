@@ -15,3 +15,11 @@ def find_applied_batch(spec: AutoCdcSpec, txn: AppTransaction, *, all_metrics: b
         return None
     target = holding(spec.target, spec.lake_roots, txn)
     return None if target is None else applied_result(target, txn, all_metrics=all_metrics)
+
+
+def half_applied_batch(spec: AutoCdcSpec, txn: AppTransaction) -> bool:
+    """Whether the batch's target took its commit under ``txn`` but its state table has not: only a run of the
+    batch (on Spark) can finish it."""
+    if holding(spec.state, spec.lake_roots, txn) is not None:
+        return False
+    return holding(spec.target, spec.lake_roots, txn) is not None

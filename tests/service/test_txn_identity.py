@@ -1,6 +1,7 @@
 """A job's Delta ``txn`` against a real Spark Connect server and real tables: a job database that starts again
 from empty does not take the numbers an earlier one wrote for merges already applied, and a retry after a commit
-began finds that commit in the log while Spark is away."""
+began finds that commit in the log while Spark is away, or, for an AUTO CDC batch whose state table it did not reach,
+waits for Spark past the attempt limit."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 import engine.errors as engine_errors
+from service.errors import BatchAwaitsSparkError
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
+from service.problems import job_problem
 from service.runner import EngineRunner, TxnId
 from service.settings import Settings
 from service.worker import Worker
@@ -158,6 +161,72 @@ def test_a_retry_finds_the_commit_that_landed_while_spark_is_away(
         assert job.metrics["numTargetRowsInserted"] == 1 and job.metrics["numTargetRowsUpdated"] == 1
         assert DeltaTable(str(target)).version() == 1, "one commit, not two"
         assert _rows(target) == [{"id": 1, "v": "a"}, {"id": 2, "v": "B"}, {"id": 3, "v": "c"}]
+    finally:
+        manager.dispose()
+        runner.close()
+        away.close()
+
+
+class StateMergeLostThenSparkAway(WrappedRunner):
+    """The first attempt runs the AUTO CDC batch on the real server, then its state table's commit is taken back (as
+    if the attempt ended between the batch's two merges) and Spark is lost; the next ``away_attempts`` attempts meet
+    a Spark Connect server that does not answer, the ones after them the real server again."""
+
+    def __init__(self, inner: EngineRunner, away: EngineRunner, state: Path, away_attempts: int) -> None:
+        super().__init__(inner)
+        self.away, self.state, self.away_attempts = away, state, away_attempts
+        self.attempts = 0
+        self.away_errors: list[BaseException] = []
+        self.state_rows: list[dict[str, Any]] = []
+
+    def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Any, tag: str) -> Any:
+        self.attempts += 1
+        if self.attempts == 1:
+            self.inner.run(job, txn=txn, on_progress=on_progress, tag=tag)
+            self.state_rows = _rows(self.state)
+            max((self.state / "_delta_log").glob("*.json")).unlink()
+            raise engine_errors.SparkUnavailableError("Spark Connect lost the session")
+        if self.attempts <= 1 + self.away_attempts:
+            try:
+                return self.away.run(job, txn=txn, on_progress=on_progress, tag=tag)
+            except Exception as exc:
+                self.away_errors.append(exc)
+                raise
+        return self.inner.run(job, txn=txn, on_progress=on_progress, tag=tag)
+
+
+def test_a_half_applied_batch_waits_for_spark_past_the_attempt_limit(
+    spark_remote: str, tmp_path: Path, lake: Path
+) -> None:
+    """Failing such a job would leave its target changed and the table's next batch reading a state without it."""
+    target = lake / "customers"
+    settings = _settings(tmp_path / "jobs.db", lake, spark_remote, max_attempts=2)
+    away = EngineRunner(_settings(tmp_path / "jobs.db", lake, "sc://127.0.0.1:9", spark_max_retries=0))
+    manager = JobManager.from_url(settings.database_url)
+    manager.migrate()
+    runner = StateMergeLostThenSparkAway(EngineRunner(settings), away, target / "_auto_cdc_events", away_attempts=4)
+    rows = [{"id": 1, "ts": 1, "v": "a"}, {"id": 1, "ts": 2, "v": "b"}, {"id": 2, "ts": 1, "v": "c"}]
+    body = {
+        "target": str(target),
+        "source": {"rows": rows, "schema": "id BIGINT, ts BIGINT, v STRING"},
+        "auto_cdc": {"keys": ["id"], "sequence_by": "ts", "stored_as_scd_type": 2},
+    }
+    try:
+        worker = Worker(settings, manager=manager, runner=runner)
+        job_id = manager.submit(NewJob(target=str(target), target_key=str(target), spec=body, dry_run=False))[0].id
+        job = _finish(worker, manager, job_id)
+        assert job.status is Status.SUCCEEDED, job
+        assert job.attempts == 6, "four attempts while Spark was away, past the limit of two"
+        assert [type(e) for e in runner.away_errors] == [BatchAwaitsSparkError] * 4
+        problem = job_problem(runner.away_errors[-1])
+        assert (problem["type"], problem["status"]) == ("urn:merge-service:problem:auto-cdc-incomplete", 503)
+        assert "Spark is away" in problem["detail"]
+        assert [t["version"] for _, t in _txns(target)] == [1], "the target took the batch once"
+        assert job.table_version == _txns(target)[0][0]
+        assert job.result["num_inserted_rows"] == 3
+        assert [t["version"] for _, t in _txns(target / "_auto_cdc_events")] == [1]
+        finished = sorted(_rows(target / "_auto_cdc_events"), key=repr)
+        assert finished == sorted(runner.state_rows, key=repr), "the state table finished as a run does"
     finally:
         manager.dispose()
         runner.close()
