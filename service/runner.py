@@ -163,7 +163,7 @@ class EngineRunner:
         try:
             spark = self.session()
         except engine_errors.SparkUnavailableError as exc:
-            _raise_spark_away(built.spec, txn, job, exc)
+            _raise_spark_away(built.spec, txn, dry_run=job.dry_run, failure=exc)
         spark.addTag(tag)
         committing = False
 
@@ -191,7 +191,7 @@ class EngineRunner:
                 try:
                     self._raise_failure(spark, exc)
                 except engine_errors.SparkUnavailableError as failure:
-                    _raise_spark_away(built.spec, txn, job, failure)
+                    _raise_spark_away(built.spec, txn, dry_run=job.dry_run, failure=failure)
             with contextlib.suppress(Exception):
                 self._raise_failure(spark, exc)  # drops a session Spark lost
             return landed
@@ -327,11 +327,17 @@ def warm_up_dir(settings: Settings) -> Path:
     return Path(os.path.realpath(settings.lake_roots[0])) / "_merge_service_warm_up"
 
 
-def _raise_spark_away(spec: Any, txn: TxnId, job: ClaimedJob, failure: engine_errors.SparkUnavailableError) -> NoReturn:
+def _raise_spark_away(
+    spec: engine.MergeSpec | engine.AutoCdcSpec,
+    txn: TxnId,
+    *,
+    dry_run: bool,
+    failure: engine_errors.SparkUnavailableError,
+) -> NoReturn:
     """Raise ``failure``; for an AUTO CDC batch half applied, which only a run on Spark can finish, raise
     ``BatchAwaitsSparkError`` instead, which the worker retries until Spark returns."""
     half = False
-    if isinstance(spec, engine.AutoCdcSpec) and not job.dry_run:
+    if isinstance(spec, engine.AutoCdcSpec) and not dry_run:
         with contextlib.suppress(Exception):
             half = engine.half_applied_batch(spec, txn)
     if half:
