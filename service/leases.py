@@ -158,8 +158,11 @@ class JobLeases(JobStore):
     def cancel_running(self, lease: Lease, *, error: dict[str, Any], timeline: Marks | None = None) -> None:
         self._finish(lease, Status.CANCELLED, timeline, error=error)
 
-    def retry(self, lease: Lease, *, error: dict[str, Any], delay_seconds: float) -> Status:
-        """Back to the queue after a transient failure (or cancelled, if that was asked for meanwhile)."""
+    def retry(
+        self, lease: Lease, *, error: dict[str, Any], delay_seconds: float, cancel_error: dict[str, Any]
+    ) -> Status:
+        """Back to the queue after a transient failure, with ``error``; or cancelled, with ``cancel_error``, if that
+        was asked for meanwhile and no commit began."""
         with self._tx(write=True) as conn:
             now = self.clock()
             row = conn.execute(
@@ -172,25 +175,30 @@ class JobLeases(JobStore):
                     "status": Status.CANCELLED.value,
                     "phase": Phase.DONE.value,
                     "finished_at": now,
+                    "error": cancel_error,
                 }
             else:
                 values = {
                     "status": Status.QUEUED.value,
                     "phase": Phase.QUEUED.value,
                     "next_run_at": now + timedelta(seconds=delay_seconds),
+                    "error": error,
                 }
             conn.execute(
                 update(jobs)
                 .where(self._fenced(lease))
-                .values(error=error, lease_owner=None, lease_expires_at=None, updated_at=now, **values)
+                .values(lease_owner=None, lease_expires_at=None, updated_at=now, **values)
             )
             if values["status"] == Status.CANCELLED.value and row.callback_url is not None:
                 enqueue_delivery(conn, lease.job_id, now, Status.CANCELLED.value)
         return Status(values["status"])
 
-    def reclaim_expired(self, *, max_attempts: int, lost_problem: Callable[[int], dict[str, Any]]) -> list[str]:
+    def reclaim_expired(
+        self, *, max_attempts: int, lost_problem: Callable[[int], dict[str, Any]], cancel_error: dict[str, Any]
+    ) -> list[str]:
         """Take back running jobs whose worker stopped renewing its lease: queue them again, or end them when
-        their attempts are spent or their cancellation was asked for. Answers the ids taken back.
+        their attempts are spent (with ``lost_problem``) or their cancellation was asked for (with
+        ``cancel_error``). Answers the ids taken back.
 
         A worker lost while ``committing`` may have landed its commit: such a job gets one attempt beyond the
         limit, which finds its ``txn`` in the table and records the success, so a failed job never hides a
@@ -211,6 +219,7 @@ class JobLeases(JobStore):
             for row in conn.execute(stmt).all():
                 problem = lost_problem(row.attempts)
                 if row.cancel_requested and not row.commit_started:
+                    problem = cancel_error
                     values: dict[str, Any] = {
                         "status": Status.CANCELLED.value,
                         "phase": Phase.DONE.value,

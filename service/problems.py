@@ -318,7 +318,7 @@ def _engine_status(exc: BaseException) -> int | None:
 def job_problem(exc: BaseException) -> dict[str, Any]:
     """What a job's ``error`` says about an exception: its kind (type, title) and the specific detail."""
     if isinstance(exc, CancelRequestedError | engine_errors.MergeCancelledError):
-        return cancelled_problem("The merge was cancelled before its commit started; the table is unchanged.")
+        return merge_cancelled_problem()
     if isinstance(exc, LeaseLostError):
         return {"type": problem_type(slug_for(exc)), "title": exc.title, "detail": str(exc)}
     if isinstance(exc, RequestValidationProblem):
@@ -345,6 +345,11 @@ def job_problem(exc: BaseException) -> dict[str, Any]:
 
 def cancelled_problem(detail: str) -> dict[str, Any]:
     return {"type": problem_type(slug_for(CancelRequestedError)), "title": "Merge cancelled", "detail": detail}
+
+
+def merge_cancelled_problem() -> dict[str, Any]:
+    """The ``error`` of a job that ran and was cancelled before any commit of it began."""
+    return cancelled_problem("The merge was cancelled before its commit started; the table is unchanged.")
 
 
 def lease_lost_problem(attempts: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from service.job_control import JobControl
 from service.jobs import ClaimedJob
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
-from service.problems import cancelled_problem, job_problem, lease_lost_problem
+from service.problems import job_problem, lease_lost_problem, merge_cancelled_problem
 from service.retry import backoff_seconds, is_retryable
 from service.runner import EngineRunner, MergeRunner, TxnId
 from service.settings import Settings
@@ -140,7 +140,11 @@ class Worker:
                 self._stop.wait(self.settings.poll_interval_seconds)
 
     def reclaim_expired(self) -> list[str]:
-        taken = self.manager.reclaim_expired(max_attempts=self.settings.max_attempts, lost_problem=lease_lost_problem)
+        taken = self.manager.reclaim_expired(
+            max_attempts=self.settings.max_attempts,
+            lost_problem=lease_lost_problem,
+            cancel_error=merge_cancelled_problem(),
+        )
         for job_id in taken:
             self._log.warning("took back a job whose lease expired", job_id=job_id)
         if taken:
@@ -231,19 +235,16 @@ class Worker:
             if control.cancel_requested and not control.commit_started:
                 cancelled = True
             if cancelled and not control.shutting_down:
-                self.manager.cancel_running(
-                    lease,
-                    error=cancelled_problem(
-                        "The merge was cancelled before its commit started; the table is unchanged."
-                    ),
-                    timeline=marks,
-                )
+                self.manager.cancel_running(lease, error=merge_cancelled_problem(), timeline=marks)
                 log.info("job cancelled")
                 return "cancelled"
             problem = job_problem(exc)
             if control.shutting_down:
                 self.manager.retry(
-                    lease, error={**problem, "detail": "The worker stopped during the attempt."}, delay_seconds=0
+                    lease,
+                    error={**problem, "detail": "The worker stopped during the attempt."},
+                    delay_seconds=0,
+                    cancel_error=merge_cancelled_problem(),
                 )
                 log.info("job handed back to the queue at shutdown")
                 return "retry"
@@ -252,7 +253,9 @@ class Worker:
             limit = self.settings.max_attempts + (1 if isinstance(exc, engine_errors.CommitStateUnknownError) else 0)
             if is_retryable(exc) and (lease.attempt < limit or isinstance(exc, BatchAwaitsSparkError)):
                 delay = backoff_seconds(lease.attempt, self.settings)
-                status = self.manager.retry(lease, error=problem, delay_seconds=delay)
+                status = self.manager.retry(
+                    lease, error=problem, delay_seconds=delay, cancel_error=merge_cancelled_problem()
+                )
                 log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3), status=status.value)
                 return "retry" if status.value == "queued" else "cancelled"
             if is_retryable(exc):

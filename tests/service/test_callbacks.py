@@ -42,6 +42,7 @@ from tests.service.conftest import FakeClock, wait_until
 
 SECRET = "callback-secret-for-tests"
 PROBLEM = "application/problem+json"
+CANCELLED = cancelled_problem("cancelled")
 
 
 @pytest.fixture
@@ -125,25 +126,33 @@ def _end_by_fail(store: JobManager, job_id: str) -> None:
 def _end_by_cancel_running(store: JobManager, job_id: str) -> None:
     claimed = store.claim("w")
     assert claimed is not None
-    store.cancel_running(claimed.lease, error=cancelled_problem("cancelled"))
+    store.cancel_running(claimed.lease, error=CANCELLED)
 
 
 def _end_by_cancel_queued(store: JobManager, job_id: str) -> None:
-    store.request_cancel(job_id, problem=cancelled_problem("cancelled"))
+    store.request_cancel(job_id, problem=CANCELLED)
 
 
 def _end_by_retry_after_cancel(store: JobManager, job_id: str) -> None:
     claimed = store.claim("w")
     assert claimed is not None
-    store.request_cancel(job_id, problem=cancelled_problem("cancelled"))
-    assert store.retry(claimed.lease, error=job_problem(ValueError("x")), delay_seconds=0) is Status.CANCELLED
+    store.request_cancel(job_id, problem=CANCELLED)
+    assert (
+        store.retry(
+            claimed.lease,
+            error=job_problem(ValueError("x")),
+            delay_seconds=0,
+            cancel_error=CANCELLED,
+        )
+        is Status.CANCELLED
+    )
 
 
 def _end_by_reclaim_when_attempts_are_spent(store: JobManager, job_id: str) -> None:
     claimed = store.claim("w")
     assert claimed is not None
     store.clock.advance(60)  # type: ignore[attr-defined]
-    assert store.reclaim_expired(max_attempts=1, lost_problem=lease_lost_problem) == [job_id]
+    assert store.reclaim_expired(max_attempts=1, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == [job_id]
 
 
 @pytest.mark.parametrize(
@@ -174,7 +183,15 @@ def test_success_promises_the_callback_and_a_retry_does_not(store: JobManager) -
     job_id = submitted(store, "https://hooks.example.com/merge")
     claimed = store.claim("w")
     assert claimed is not None
-    assert store.retry(claimed.lease, error=job_problem(ValueError("x")), delay_seconds=0) is Status.QUEUED
+    assert (
+        store.retry(
+            claimed.lease,
+            error=job_problem(ValueError("x")),
+            delay_seconds=0,
+            cancel_error=CANCELLED,
+        )
+        is Status.QUEUED
+    )
     assert store.get(job_id).callback.delivery_id is None  # type: ignore[union-attr]
     claimed = store.claim("w")
     assert claimed is not None and not claimed.started_event
@@ -189,7 +206,7 @@ def test_a_lost_lease_ends_nothing_and_promises_nothing(store: JobManager, clock
     claimed = store.claim("w")
     assert claimed is not None
     clock.advance(60)
-    store.reclaim_expired(max_attempts=5, lost_problem=lease_lost_problem)
+    store.reclaim_expired(max_attempts=5, lost_problem=lease_lost_problem, cancel_error=CANCELLED)
     with pytest.raises(Exception, match="no longer held"):
         store.succeed(claimed.lease, table_version=1, result={}, metrics={})
     job = store.get(job_id)

@@ -123,7 +123,10 @@ def test_a_queued_older_job_in_backoff_blocks_newer_ones(store: JobManager, cloc
     store.submit(new("/lake/a"))
     claimed = store.claim("w")
     assert claimed is not None
-    assert store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=10) is Status.QUEUED
+    assert (
+        store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=10, cancel_error=CANCELLED)
+        is Status.QUEUED
+    )
     assert store.claim("w") is None
     clock.advance(10)
     again = store.claim("w")
@@ -194,9 +197,9 @@ def test_lease_expiry_reclaim_and_fencing(store: JobManager, clock: FakeClock) -
     assert old is not None
     assert store.heartbeat(old.lease) is False
     clock.advance(29)
-    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == []
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == []
     clock.advance(2)
-    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == [job.id]
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == [job.id]
     assert store.get(job.id).status is Status.QUEUED
     new_claim = store.claim("w2")
     assert new_claim is not None and new_claim.lease.attempt == 2
@@ -206,7 +209,7 @@ def test_lease_expiry_reclaim_and_fencing(store: JobManager, clock: FakeClock) -
         lambda: store.set_phase(old.lease, Phase.COMMITTING),
         lambda: store.succeed(old.lease, table_version=1, result={}, metrics={}),
         lambda: store.fail(old.lease, error={"type": "x", "title": "t"}),
-        lambda: store.retry(old.lease, error={"type": "x", "title": "t"}, delay_seconds=0),
+        lambda: store.retry(old.lease, error={"type": "x", "title": "t"}, delay_seconds=0, cancel_error=CANCELLED),
     ):
         with pytest.raises(LeaseLostError):
             call()
@@ -231,7 +234,7 @@ def test_reclaim_gives_up_after_max_attempts(store: JobManager, clock: FakeClock
     for _ in range(2):
         assert store.claim("w") is not None
         clock.advance(31)
-        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem)
+        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem, cancel_error=CANCELLED)
     final = store.get(job.id)
     assert final.status is Status.FAILED and final.error is not None
     assert final.error["title"] == "Worker lease lost"
@@ -244,7 +247,7 @@ def test_a_lease_lost_while_committing_gets_one_more_attempt(store: JobManager, 
         assert claimed is not None and claimed.lease.attempt == attempt
         store.set_phase(claimed.lease, Phase.COMMITTING)
         clock.advance(31)
-        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem)
+        store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem, cancel_error=CANCELLED)
     assert store.get(job.id).status is Status.FAILED and store.get(job.id).attempts == 3
 
 
@@ -276,7 +279,21 @@ def test_retry_of_a_job_whose_cancel_was_requested_cancels_it(store: JobManager)
     claimed = store.claim("w")
     assert claimed is not None
     store.request_cancel(job.id, problem=CANCELLED)
-    assert store.retry(claimed.lease, error={"type": "x", "title": "t"}, delay_seconds=1) is Status.CANCELLED
+    failure = {"type": "x", "title": "t"}
+    assert store.retry(claimed.lease, error=failure, delay_seconds=1, cancel_error=CANCELLED) is Status.CANCELLED
+    assert store.get(job.id).error == CANCELLED, "a cancelled job says it was cancelled, not why its attempt failed"
+
+
+def test_a_running_job_whose_cancel_was_asked_and_whose_worker_is_lost_ends_cancelled(
+    store: JobManager, clock: FakeClock
+) -> None:
+    job = store.submit(new())[0]
+    assert store.claim("w") is not None
+    store.request_cancel(job.id, problem=CANCELLED)
+    clock.advance(31)
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == [job.id]
+    ended = store.get(job.id)
+    assert (ended.status, ended.error) == (Status.CANCELLED, CANCELLED)
 
 
 def test_a_cancel_never_ends_a_job_whose_commit_may_have_landed(store: JobManager, clock: FakeClock) -> None:
@@ -288,14 +305,17 @@ def test_a_cancel_never_ends_a_job_whose_commit_may_have_landed(store: JobManage
     store.set_phase(first.lease, Phase.COMMITTING)
     store.request_cancel(job.id, problem=CANCELLED)
     # the commit's outcome is unknown: back to the queue, not cancelled
-    assert store.retry(first.lease, error={"type": "x", "title": "t"}, delay_seconds=0) is Status.QUEUED
+    assert (
+        store.retry(first.lease, error={"type": "x", "title": "t"}, delay_seconds=0, cancel_error=CANCELLED)
+        is Status.QUEUED
+    )
     flagged, ended = store.request_cancel(job.id, problem=CANCELLED)
     assert not ended and flagged.status is Status.QUEUED and flagged.cancel_requested
     second = store.claim("w")
     assert second is not None and second.lease.attempt == 2
     # the worker is lost before it looked: reclaimed, not cancelled
     clock.advance(31)
-    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem) == [job.id]
+    assert store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == [job.id]
     assert store.get(job.id).status is Status.QUEUED
     third = store.claim("w")
     assert third is not None
@@ -313,7 +333,7 @@ def test_a_cancel_before_any_commit_started_still_ends_a_requeued_job(store: Job
     assert (store.get(job.id).status, store.get(job.id).phase) == (Status.RUNNING, Phase.PREPARING_SOURCE)
     store.set_phase(claimed.lease, Phase.WRITING)
     clock.advance(31)
-    store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem)
+    store.reclaim_expired(max_attempts=3, lost_problem=lease_lost_problem, cancel_error=CANCELLED)
     cancelled, ended = store.request_cancel(job.id, problem=CANCELLED)
     assert ended and cancelled.status is Status.CANCELLED
 
