@@ -11,7 +11,12 @@ from fastapi.openapi.utils import get_openapi
 
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
-from service.middleware import BodyLimitMiddleware, HeadAsGetMiddleware, HttpMetricsMiddleware
+from service.middleware import (
+    BodyLimitMiddleware,
+    EmptyQueryValuesMiddleware,
+    HeadAsGetMiddleware,
+    HttpMetricsMiddleware,
+)
 from service.paths import LakeRoots
 from service.problems import PROBLEM_MEDIA_TYPE, install_handlers
 from service.readiness import DatabaseReadiness
@@ -69,6 +74,7 @@ def create_app(
         app.include_router(ui.router)
     app.include_router(health.router)
     app.include_router(metrics_router.router)
+    app.add_middleware(EmptyQueryValuesMiddleware)
     app.add_middleware(HeadAsGetMiddleware)  # inside the metrics, which count HEAD as HEAD
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)

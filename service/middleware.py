@@ -1,5 +1,6 @@
 """Around the handlers: the request body limit (413 before any parsing), strict JSON bodies (415 for a body not
-sent as JSON, 422 for one that is not JSON), HEAD answered as GET, and HTTP request metrics."""
+sent as JSON, 422 for one that is not JSON), HEAD answered as GET, empty query values as not given, and HTTP
+request metrics."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
@@ -180,6 +182,23 @@ class HeadAsGetMiddleware:
         finally:
             if "route" in as_get:  # for the metrics around: the route template the GET matched
                 scope["route"] = as_get["route"]
+
+
+class EmptyQueryValuesMiddleware:
+    """A query parameter with an empty value (``?status=&cursor=``) counts as not given: forms and URL templates
+    send every parameter, filled in or not, and a filter left empty means no filter, not an invalid one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"") if scope["type"] == "http" else b""
+        if query:
+            pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+            given = [(name, value) for name, value in pairs if value != ""]
+            if len(given) != len(pairs):
+                scope["query_string"] = urlencode(given).encode("latin-1")
+        await self.app(scope, receive, send)
 
 
 class HttpMetricsMiddleware:

@@ -274,6 +274,19 @@ def test_pagination_newest_first(client: TestClient, target: str) -> None:
     assert outside["type"].endswith(":invalid-request") and outside["title"] == "Path outside the lake"
 
 
+def test_an_empty_query_value_is_not_given(client: TestClient, target: str) -> None:
+    """As forms and URL templates send them: ``?status=&target=&limit=&cursor=`` lists as ``/merges`` does."""
+    ids = [client.post("/merges", json=spec(target)).json()["id"] for _ in range(3)]
+    every = client.get("/merges?status=&target=&limit=&cursor=")
+    assert every.status_code == 200 and [j["id"] for j in every.json()["items"]] == list(reversed(ids))
+    assert every.json() == client.get("/merges").json()
+    page = client.get("/merges?status=&limit=2&cursor=").json()
+    assert [j["id"] for j in page["items"]] == list(reversed(ids))[:2]
+    rest = client.get(f"/merges?limit=2&status=queued&cursor={page['next_cursor']}&target=").json()
+    assert [j["id"] for j in rest["items"]] == ids[:1] and rest["next_cursor"] is None
+    assert client.get("/merges?status=succeeded&target=").json() == {"items": [], "next_cursor": None}
+
+
 def test_cancel(client: TestClient, target: str) -> None:
     job = client.post("/merges", json=spec(target)).json()
     response = client.post(f"/merges/{job['id']}/cancel")
