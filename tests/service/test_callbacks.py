@@ -31,7 +31,7 @@ from service.callback_urls import (
 )
 from service.client import CallbackSignatureError, verify_callback
 from service.client.signatures import DELIVERY_HEADER, SIGNATURE_HEADER, signature_header
-from service.jobs import DeliveryStatus, NewJob, Status
+from service.jobs import DeliveryStatus, Lease, NewJob, Status
 from service.manager import JobManager
 from service.metrics import ServiceMetrics
 from service.models import callbacks
@@ -117,6 +117,11 @@ def test_a_queued_job_shows_its_callback_pending_without_a_delivery(store: JobMa
     assert not store.deliveries_due()
 
 
+def _retry(store: JobManager, lease: Lease) -> Status:
+    """An attempt that failed with a retryable error, asking for no delay before the next."""
+    return store.retry(lease, error=job_problem(ValueError("x")), delay_seconds=0, cancel_error=CANCELLED)
+
+
 def _end_by_fail(store: JobManager, job_id: str) -> None:
     claimed = store.claim("w")
     assert claimed is not None
@@ -137,15 +142,7 @@ def _end_by_retry_after_cancel(store: JobManager, job_id: str) -> None:
     claimed = store.claim("w")
     assert claimed is not None
     store.request_cancel(job_id, problem=CANCELLED)
-    assert (
-        store.retry(
-            claimed.lease,
-            error=job_problem(ValueError("x")),
-            delay_seconds=0,
-            cancel_error=CANCELLED,
-        )
-        is Status.CANCELLED
-    )
+    assert _retry(store, claimed.lease) is Status.CANCELLED
 
 
 def _end_by_reclaim_when_attempts_are_spent(store: JobManager, job_id: str) -> None:
@@ -183,15 +180,7 @@ def test_success_promises_the_callback_and_a_retry_does_not(store: JobManager) -
     job_id = submitted(store, "https://hooks.example.com/merge")
     claimed = store.claim("w")
     assert claimed is not None
-    assert (
-        store.retry(
-            claimed.lease,
-            error=job_problem(ValueError("x")),
-            delay_seconds=0,
-            cancel_error=CANCELLED,
-        )
-        is Status.QUEUED
-    )
+    assert _retry(store, claimed.lease) is Status.QUEUED
     assert store.get(job_id).callback.delivery_id is None  # type: ignore[union-attr]
     claimed = store.claim("w")
     assert claimed is not None and not claimed.started_event
