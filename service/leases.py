@@ -159,10 +159,18 @@ class JobLeases(JobStore):
         self._finish(lease, Status.CANCELLED, timeline, error=error)
 
     def retry(
-        self, lease: Lease, *, error: dict[str, Any], delay_seconds: float, cancel_error: dict[str, Any]
+        self,
+        lease: Lease,
+        *,
+        error: dict[str, Any],
+        delay_seconds: float,
+        cancel_error: dict[str, Any],
+        awaits_spark: bool | None = None,
     ) -> Status:
         """Back to the queue after a transient failure, with ``error``; or cancelled, with ``cancel_error``, if that
-        was asked for meanwhile and no commit began."""
+        was asked for meanwhile and no commit began. ``awaits_spark``: whether the attempt left an AUTO CDC batch
+        half applied with Spark away, so losing the next attempt's worker spends none of the job's attempts; None
+        (an attempt interrupted before it could tell) keeps what the attempt before it found."""
         with self._tx(write=True) as conn:
             now = self.clock()
             row = conn.execute(
@@ -184,6 +192,8 @@ class JobLeases(JobStore):
                     "next_run_at": now + timedelta(seconds=delay_seconds),
                     "error": error,
                 }
+                if awaits_spark is not None:
+                    values["awaits_spark"] = awaits_spark
             conn.execute(
                 update(jobs)
                 .where(self._fenced(lease))
@@ -202,7 +212,8 @@ class JobLeases(JobStore):
 
         A worker lost while ``committing`` may have landed its commit: such a job gets one attempt beyond the
         limit, which finds its ``txn`` in the table and records the success, so a failed job never hides a
-        changed table."""
+        changed table. A job whose last attempt left an AUTO CDC batch half applied (``awaits_spark``) has no limit,
+        as the worker gives it none."""
         taken: list[str] = []
         with self._tx(write=True) as conn:
             now = self.clock()
@@ -212,6 +223,7 @@ class JobLeases(JobStore):
                 jobs.c.cancel_requested,
                 jobs.c.commit_started,
                 jobs.c.phase,
+                jobs.c.awaits_spark,
                 jobs.c.callback_url,
             ).where(jobs.c.status == Status.RUNNING.value, jobs.c.lease_expires_at < now)
             if not self._sqlite:
@@ -225,8 +237,9 @@ class JobLeases(JobStore):
                         "phase": Phase.DONE.value,
                         "finished_at": now,
                     }
-                elif row.attempts > max_attempts or (
-                    row.attempts == max_attempts and row.phase != Phase.COMMITTING.value
+                elif not row.awaits_spark and (
+                    row.attempts > max_attempts
+                    or (row.attempts == max_attempts and row.phase != Phase.COMMITTING.value)
                 ):
                     values = {"status": Status.FAILED.value, "phase": Phase.DONE.value, "finished_at": now}
                 else:

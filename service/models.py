@@ -108,6 +108,9 @@ class Job(Base):
     commit_started: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
     """Some attempt entered ``committing``: its commit may have landed, so a cancel waits for an attempt to
     look for the job's txn in the table."""
+    awaits_spark: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    """The last attempt left an AUTO CDC batch half applied with Spark away: the job has no attempt limit until an
+    attempt ends otherwise (``service.errors.BatchAwaitsSparkError``)."""
     next_run_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     callback_url: Mapped[str | None] = mapped_column(Text)

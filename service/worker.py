@@ -254,7 +254,11 @@ class Worker:
             if is_retryable(exc) and (lease.attempt < limit or isinstance(exc, BatchAwaitsSparkError)):
                 delay = backoff_seconds(lease.attempt, self.settings)
                 status = self.manager.retry(
-                    lease, error=problem, delay_seconds=delay, cancel_error=merge_cancelled_problem()
+                    lease,
+                    error=problem,
+                    delay_seconds=delay,
+                    cancel_error=merge_cancelled_problem(),
+                    awaits_spark=isinstance(exc, BatchAwaitsSparkError),
                 )
                 log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3), status=status.value)
                 return "retry" if status.value == "queued" else "cancelled"

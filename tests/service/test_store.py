@@ -6,6 +6,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
 from sqlalchemy import insert, text, update
 from sqlalchemy.exc import IntegrityError
 
@@ -18,7 +20,7 @@ from service.errors import (
 )
 from service.jobs import NewJob, Phase, Status, check_transition
 from service.manager import JobManager
-from service.models import jobs
+from service.models import Base, jobs
 from service.problems import lease_lost_problem
 from tests.service.conftest import FakeClock
 
@@ -251,6 +253,35 @@ def test_a_lease_lost_while_committing_gets_one_more_attempt(store: JobManager, 
     assert store.get(job.id).status is Status.FAILED and store.get(job.id).attempts == 3
 
 
+def test_a_lost_worker_spends_no_attempt_of_a_batch_that_awaits_spark(store: JobManager, clock: FakeClock) -> None:
+    """A job whose attempt left an AUTO CDC batch half applied with Spark away is handed back however many of its
+    attempts lost their worker, as the worker retries it past the limit, until an attempt ends otherwise. An
+    attempt handed back at shutdown keeps what the attempt before it found."""
+    job = store.submit(new())[0]
+    failure = {"type": "urn:merge-service:problem:auto-cdc-incomplete", "title": "t"}
+    claimed = store.claim("w")
+    assert claimed is not None
+    store.retry(claimed.lease, error=failure, delay_seconds=0, cancel_error=CANCELLED, awaits_spark=True)
+    claimed = store.claim("w")
+    assert claimed is not None
+    store.retry(claimed.lease, error=failure, delay_seconds=0, cancel_error=CANCELLED)  # a shutdown
+    for attempt in (3, 4, 5):
+        claimed = store.claim("w")
+        assert claimed is not None and claimed.lease.attempt == attempt
+        clock.advance(31)
+        assert store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem, cancel_error=CANCELLED) == [
+            job.id
+        ]
+        assert store.get(job.id).status is Status.QUEUED
+    claimed = store.claim("w")
+    assert claimed is not None
+    store.retry(claimed.lease, error=failure, delay_seconds=0, cancel_error=CANCELLED, awaits_spark=False)
+    assert store.claim("w") is not None
+    clock.advance(31)
+    store.reclaim_expired(max_attempts=2, lost_problem=lease_lost_problem, cancel_error=CANCELLED)
+    assert store.get(job.id).status is Status.FAILED and store.get(job.id).attempts == 7
+
+
 def test_cancel_queued_and_running(store: JobManager) -> None:
     queued = store.submit(new("/lake/a"))[0]
     running = store.submit(new("/lake/b"))[0]
@@ -370,6 +401,13 @@ def test_queue_stats(store: JobManager, clock: FakeClock) -> None:
     stats = store.queue_stats()
     assert (stats.depth, stats.running) == (1, 1)
     assert stats.oldest_age_seconds == pytest.approx(5.0)
+
+
+def test_the_migrations_build_the_tables_the_models_describe(store: JobManager) -> None:
+    """Alembic's own comparison of the migrated database with the models: a column, index or type the models gained
+    without a migration (or the other way round) shows up here, on each backend."""
+    with store.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
 
 def test_schema_at_head(store: JobManager) -> None:

@@ -12,11 +12,13 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from sqlalchemy import select
 
 import engine.errors as engine_errors
 from service.errors import BatchAwaitsSparkError
 from service.jobs import ClaimedJob, NewJob, Status
 from service.manager import JobManager
+from service.models import jobs
 from service.problems import job_problem
 from service.runner import EngineRunner, TxnId
 from service.settings import Settings
@@ -172,15 +174,22 @@ class StateMergeLostThenSparkAway(WrappedRunner):
     if the attempt ended between the batch's two merges) and Spark is lost; the next ``away_attempts`` attempts meet
     a Spark Connect server that does not answer, the ones after them the real server again."""
 
-    def __init__(self, inner: EngineRunner, away: EngineRunner, state: Path, away_attempts: int) -> None:
+    def __init__(
+        self, inner: EngineRunner, away: EngineRunner, state: Path, away_attempts: int, manager: JobManager
+    ) -> None:
         super().__init__(inner)
-        self.away, self.state, self.away_attempts = away, state, away_attempts
+        self.away, self.state, self.away_attempts, self.manager = away, state, away_attempts, manager
         self.attempts = 0
         self.away_errors: list[BaseException] = []
         self.state_rows: list[dict[str, Any]] = []
+        self.awaits_spark: list[bool] = []
+        """The job's ``awaits_spark`` as each attempt found it."""
 
     def run(self, job: ClaimedJob, *, txn: TxnId, on_progress: Any, tag: str) -> Any:
         self.attempts += 1
+        with self.manager.engine.connect() as conn:
+            query = select(jobs.c.awaits_spark).where(jobs.c.id == job.lease.job_id)
+            self.awaits_spark.append(conn.execute(query).scalar_one())
         if self.attempts == 1:
             self.inner.run(job, txn=txn, on_progress=on_progress, tag=tag)
             self.state_rows = _rows(self.state)
@@ -204,7 +213,9 @@ def test_a_half_applied_batch_waits_for_spark_past_the_attempt_limit(
     away = EngineRunner(_settings(tmp_path / "jobs.db", lake, "sc://127.0.0.1:9", spark_max_retries=0))
     manager = JobManager.from_url(settings.database_url)
     manager.migrate()
-    runner = StateMergeLostThenSparkAway(EngineRunner(settings), away, target / "_auto_cdc_events", away_attempts=4)
+    runner = StateMergeLostThenSparkAway(
+        EngineRunner(settings), away, target / "_auto_cdc_events", away_attempts=4, manager=manager
+    )
     rows = [{"id": 1, "ts": 1, "v": "a"}, {"id": 1, "ts": 2, "v": "b"}, {"id": 2, "ts": 1, "v": "c"}]
     body = {
         "target": str(target),
@@ -218,6 +229,7 @@ def test_a_half_applied_batch_waits_for_spark_past_the_attempt_limit(
         assert job.status is Status.SUCCEEDED, job
         assert job.attempts == 6, "four attempts while Spark was away, past the limit of two"
         assert [type(e) for e in runner.away_errors] == [BatchAwaitsSparkError] * 4
+        assert runner.awaits_spark == [False, False, True, True, True, True], "a lost worker would spend no attempt"
         problem = job_problem(runner.away_errors[-1])
         assert (problem["type"], problem["status"]) == ("urn:merge-service:problem:auto-cdc-incomplete", 503)
         assert "Spark is away" in problem["detail"]
