@@ -81,9 +81,11 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _problem_media_types(
-                _without_impossible_422(
-                    get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+            app.openapi_schema = _empty_query_values(
+                _problem_media_types(
+                    _without_impossible_422(
+                        get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+                    )
                 )
             )
         return app.openapi_schema
@@ -116,6 +118,17 @@ def _without_impossible_422(schema: dict[str, Any]) -> dict[str, Any]:
                 for p in parameters
             ):
                 operation.get("responses", {}).pop("422", None)
+    return schema
+
+
+def _empty_query_values(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional query parameter sent empty counts as not given (``EmptyQueryValuesMiddleware``): OpenAPI's
+    ``allowEmptyValue`` says so."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "query" and not parameter.get("required"):
+                    parameter["allowEmptyValue"] = True
     return schema
 
 

@@ -285,6 +285,10 @@ def test_an_empty_query_value_is_not_given(client: TestClient, target: str) -> N
     rest = client.get(f"/merges?limit=2&status=queued&cursor={page['next_cursor']}&target=").json()
     assert [j["id"] for j in rest["items"]] == ids[:1] and rest["next_cursor"] is None
     assert client.get("/merges?status=succeeded&target=").json() == {"items": [], "next_cursor": None}
+    listing = client.get("/openapi.json").json()["paths"]["/merges"]["get"]
+    assert {p["name"]: p.get("allowEmptyValue") for p in listing["parameters"]} == dict.fromkeys(
+        ("status", "target", "limit", "cursor"), True
+    ), "the OpenAPI says so"
 
 
 def test_cancel(client: TestClient, target: str) -> None:
