@@ -40,6 +40,21 @@ JOB_HEADERS = {
         "schema": {"type": "string"},
     },
 }
+GET_MERGE, CANCEL_MERGE = "get_merge_merges__id__get", "cancel_merge_merges__id__cancel_post"
+"""The operationIds FastAPI gives the job's routes, which the links below name."""
+JOB_LINKS = {
+    "GetMerge": {
+        "operationId": GET_MERGE,
+        "parameters": {"id": "$response.body#/id"},
+        "description": "Poll the job.",
+    },
+    "CancelMerge": {
+        "operationId": CANCEL_MERGE,
+        "parameters": {"id": "$response.body#/id"},
+        "description": "Cancel the job.",
+    },
+}
+"""OpenAPI links from an answer that holds a job to reading and cancelling it."""
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _problem(
         "Missing or wrong bearer token.",
@@ -113,8 +128,13 @@ def _job_response(job: JobRecord, status_code: int) -> JSONResponse:
     response_model=JobOut,
     summary="Submit a merge",
     responses={
-        202: {"description": "Accepted: the job is queued.", "headers": JOB_HEADERS},
-        200: {"model": JobOut, "description": "The job this Idempotency-Key already created.", "headers": JOB_HEADERS},
+        202: {"description": "Accepted: the job is queued.", "headers": JOB_HEADERS, "links": JOB_LINKS},
+        200: {
+            "model": JobOut,
+            "description": "The job this Idempotency-Key already created.",
+            "headers": JOB_HEADERS,
+            "links": JOB_LINKS,
+        },
         409: _problem("The Idempotency-Key was used with another body."),
         413: _problem("The body is over the configured limit."),
         415: _problem("The body is not sent as JSON (`Content-Type: application/json`)."),
@@ -205,7 +225,11 @@ def list_merges(
     response_model=JobOut,
     summary="Read a merge job",
     responses={
-        200: {"description": "The job.", "headers": {"Retry-After": JOB_HEADERS["Retry-After"]}},
+        200: {
+            "description": "The job.",
+            "headers": {"Retry-After": JOB_HEADERS["Retry-After"]},
+            "links": {"CancelMerge": JOB_LINKS["CancelMerge"]},
+        },
         404: _problem("No job of the caller's has this id (admin tokens see every job)."),
         **COMMON_ERRORS,
     },
@@ -226,6 +250,7 @@ def get_merge(job_id: JobId, caller: AuthDep, manager: ManagerDep) -> Response:
         202: {
             "description": "A queued job is cancelled at once; a running one at its next safe point.",
             "headers": JOB_HEADERS,
+            "links": {"GetMerge": JOB_LINKS["GetMerge"]},
         },
         404: _problem("No job of the caller's has this id (admin tokens see every job)."),
         **COMMON_ERRORS,

@@ -436,6 +436,24 @@ def test_openapi_describes_the_contract(client: TestClient) -> None:
         "AutoCdcMergeIn",
     ]
     assert "HTTPValidationError" not in str(doc)
+    operation_ids = {op["operationId"] for item in doc["paths"].values() for op in item.values()}
+    links = {
+        (path, method, code, name): link
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        for code, answer in op["responses"].items()
+        for name, link in answer.get("links", {}).items()
+    }
+    assert set(links) == {
+        ("/merges", "post", "202", "GetMerge"),
+        ("/merges", "post", "202", "CancelMerge"),
+        ("/merges", "post", "200", "GetMerge"),
+        ("/merges", "post", "200", "CancelMerge"),
+        ("/merges/{id}", "get", "200", "CancelMerge"),
+        ("/merges/{id}/cancel", "post", "202", "GetMerge"),
+    }
+    for link in links.values():
+        assert link["operationId"] in operation_ids and link["parameters"] == {"id": "$response.body#/id"}
     job = doc["components"]["schemas"]["JobOut"]
     assert set(job["properties"]) == JOB_FIELDS | {"callback", "timings"}  # present on some jobs only
 
