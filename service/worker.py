@@ -251,14 +251,15 @@ class Worker:
             # A commit whose outcome is unknown gets one attempt beyond the limit: it finds its txn if it landed. An
             # AUTO CDC batch half applied while Spark is away has no limit: failing it would leave its target changed.
             limit = self.settings.max_attempts + (1 if isinstance(exc, engine_errors.CommitStateUnknownError) else 0)
-            if is_retryable(exc) and (lease.attempt < limit or isinstance(exc, BatchAwaitsSparkError)):
+            awaits_spark = isinstance(exc, BatchAwaitsSparkError)
+            if is_retryable(exc) and (lease.attempt < limit or awaits_spark):
                 delay = backoff_seconds(lease.attempt, self.settings)
                 status = self.manager.retry(
                     lease,
                     error=problem,
                     delay_seconds=delay,
                     cancel_error=merge_cancelled_problem(),
-                    awaits_spark=isinstance(exc, BatchAwaitsSparkError),
+                    awaits_spark=awaits_spark,
                 )
                 log.warning("attempt failed; retrying", error=str(exc), retry_in=round(delay, 3), status=status.value)
                 return "retry" if status.value == "queued" else "cancelled"

@@ -41,7 +41,7 @@ JOB_HEADERS = {
     },
 }
 GET_MERGE, CANCEL_MERGE = "get_merge_merges__id__get", "cancel_merge_merges__id__cancel_post"
-"""The operationIds FastAPI gives the job's routes, which the links below name."""
+"""The operationIds of the job's routes (FastAPI's own names for them, kept), which the links below name."""
 JOB_LINKS = {
     "GetMerge": {
         "operationId": GET_MERGE,
@@ -223,6 +223,7 @@ def list_merges(
 @router.get(
     "/{id}",
     response_model=JobOut,
+    operation_id=GET_MERGE,
     summary="Read a merge job",
     responses={
         200: {
@@ -245,6 +246,7 @@ def get_merge(job_id: JobId, caller: AuthDep, manager: ManagerDep) -> Response:
     "/{id}/cancel",
     status_code=202,
     response_model=JobOut,
+    operation_id=CANCEL_MERGE,
     summary="Cancel a merge job",
     responses={
         202: {
