@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,8 +38,8 @@ BASE_IMAGES = ("python:3.11-slim-bookworm", "postgres:16-bookworm")
 LAKE = "/lake/check"
 COUNTER_ROWS = 2_000_000
 WORKERS = 2
-
-
+APT_LOCK = str(Path(tempfile.gettempdir()) / "merge-service-apt.lock")
+"""The lock tests/debian.py takes around apt-get."""
 NO_DOCKERD = 77
 """Exit status when this machine cannot run dockerd (an unprivileged container, say): nothing was checked."""
 
@@ -233,10 +234,12 @@ def start_dockerd() -> subprocess.Popen[bytes] | None:
         print("compose check: no dockerd answers, and only root can start one", file=sys.stderr)
         raise SystemExit(NO_DOCKERD)
     if not all(shutil.which(tool) for tool in ("dockerd", "debootstrap")) or not compose_available():
+        # One apt-get at a time: the test suite installs its packages beside this, on the same lock file.
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
+        apt = ["flock", APT_LOCK, "apt-get", "-o", "DPkg::Lock::Timeout=600"]
+        subprocess.run([*apt, "update", "-qq"], check=True, env=env, capture_output=True)
         packages = ["docker.io", "docker-compose", "debootstrap"]
-        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env, capture_output=True)
+        subprocess.run([*apt, "install", "-y", "-qq", *packages], check=True, env=env, capture_output=True)
     log = open("/tmp/merge-service-dockerd.log", "ab")  # noqa: SIM115 (the daemon writes to it until it stops)
     daemon = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.manager import JobManager
 from service.settings import Settings
+from tests.debian import install_when_missing
 from tests.service.callback_receiver import Receiver
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -44,14 +45,6 @@ def _pg_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def _install_postgres() -> None:
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("PostgreSQL is not installed and cannot be installed (needs root and apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, env=env, capture_output=True)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,10 +56,8 @@ class PostgresServer:
     are root, since the server refuses to run as root)."""
 
     def __init__(self) -> None:
+        install_when_missing(["postgresql"], present=lambda: _pg_bin() is not None)
         bindir = _pg_bin()
-        if bindir is None:
-            _install_postgres()
-            bindir = _pg_bin()
         if bindir is None:
             raise RuntimeError("initdb not found after installing postgresql")
         self.bindir = bindir

@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from service.app import create_app
 from service.jobs import Phase, Status
 from service.manager import JobManager
 from service.settings import Settings
+from tests.debian import install_when_missing
 from tests.service.conftest import IN_CI
 from tests.service.ui_jobs import JobRow, failure, fingerprint, insert_jobs, now, set_phase
 
@@ -45,24 +45,12 @@ def _find_chromium() -> Chromium | None:
     return Chromium(browser, driver) if browser and driver else None
 
 
-def _install_chromium() -> None:
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError("Chromium is not installed and cannot be installed (needs root and apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True, env=env, capture_output=True
-    )
-
-
 @pytest.fixture(scope="session")
 def chromium() -> Chromium:
     """Chromium and its driver from the system, installed from Debian's packages when missing and we are root."""
     try:
+        install_when_missing(["chromium", "chromium-driver"], present=lambda: _find_chromium() is not None)
         found = _find_chromium()
-        if found is None:
-            _install_chromium()
-            found = _find_chromium()
         if found is None:
             raise RuntimeError("chromium or chromedriver not on PATH after installing chromium and chromium-driver")
     except Exception as exc:
