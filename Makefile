@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# The suite runs in two processes side by side (pytest-xdist), a test file to each at a time, in the order of
+# their paths: the long deployment and fault tests start first, and the many short files fill in around them.
+TEST_PROCESSES ?= 2
+
 .PHONY: run test lint bench clean check-java delta-spark compose-check
 
 $(STAMP): pyproject.toml
@@ -24,7 +28,7 @@ test: $(STAMP) check-java
 	$(BIN)/ruff check engine service tests bench
 	$(BIN)/ruff format --check engine service tests bench
 	$(BIN)/mypy engine service
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check engine service tests bench

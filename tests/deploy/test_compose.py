@@ -1,5 +1,5 @@
 """The deployment end to end (deploy/test/compose_check.py), inside `make test`: runs when this machine has a
-dockerd, or can start one (root with apt-get). It takes some 12 minutes (stand-in base images, image builds, the
+dockerd, or can start one (root with apt-get). It takes some 5 minutes (stand-in base images, image builds, the
 stack's start, a killed worker, down and up); `make compose-check` or `pytest -m compose` runs it alone."""
 
 from __future__ import annotations
