@@ -40,9 +40,10 @@ class ApiSupervisor(Multiprocess):
             return
         timeout = self.config.timeout_worker_healthcheck
         for idx, process in enumerate(self.processes):
-            hung = process.process.is_alive()
-            if hung and process.ping(timeout):
+            if process.process.is_alive() and process.ping(timeout):
                 continue
+            # Asked after the ping: a process that died while it was pinged did not hang, and its exit says why.
+            hung = process.process.is_alive()
             if hung:
                 process.kill()
             process.join()

@@ -93,9 +93,33 @@ def test_a_killed_api_process_is_logged_with_its_cause_and_replaced(api: Api) ->
 
     # The supervisor pings each live process in turn, each for up to HEALTH_PING_SECONDS, before it reaches the dead
     # one: on a loaded machine the log line may come that late.
-    wait_until(logged, timeout=2 * HEALTH_PING_SECONDS + 30, interval=0.1)
+    try:
+        wait_until(logged, timeout=2 * HEALTH_PING_SECONDS + 30, interval=0.1)
+    except AssertionError:
+        raise AssertionError(
+            f"no line says process {victim} was killed; the API logged:\n{''.join(api.lines)}"
+        ) from None
     wait_until(lambda: len(api.children()) == 2 and victim not in api.children(), timeout=60, interval=0.2)
     deadline = time.monotonic() + 60
     while not api.answers():
         assert time.monotonic() < deadline, "the API stopped answering after one process died"
         time.sleep(0.2)
+
+
+def test_a_process_killed_while_it_is_pinged_is_logged_as_killed_not_hung(api: Api) -> None:
+    victim = api.children()[-1]
+    os.kill(victim, signal.SIGSTOP)  # it cannot answer a ping now
+    time.sleep(2)  # the supervisor pings every half second: it is waiting on the victim's answer
+    os.kill(victim, signal.SIGKILL)
+
+    def about_victim() -> list[str]:
+        return [line for line in api.lines if str(victim) in line and "starting another" in line]
+
+    try:
+        wait_until(about_victim, timeout=HEALTH_PING_SECONDS + 30, interval=0.1)
+    except AssertionError:
+        raise AssertionError(
+            f"no line says process {victim} was replaced; the API logged:\n{''.join(api.lines)}"
+        ) from None
+    [line] = about_victim()
+    assert "was killed by SIGKILL" in line and "health ping" not in line, line
