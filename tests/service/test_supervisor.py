@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -65,6 +65,13 @@ class Api:
         kids = psutil.Process(self.proc.pid).children()
         return sorted(k.pid for k in kids if "spawn_main" in " ".join(k.cmdline()))
 
+    def wait_for_log(self, predicate: Callable[[], object], what: str, timeout: float) -> None:
+        """Wait for ``predicate``; when it never holds, fail with ``what`` and everything the API logged."""
+        try:
+            wait_until(predicate, timeout=timeout, interval=0.1)
+        except AssertionError:
+            raise AssertionError(f"no line says {what}; the API logged:\n{''.join(self.lines)}") from None
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -93,12 +100,7 @@ def test_a_killed_api_process_is_logged_with_its_cause_and_replaced(api: Api) ->
 
     # The supervisor pings each live process in turn, each for up to HEALTH_PING_SECONDS, before it reaches the dead
     # one: on a loaded machine the log line may come that late.
-    try:
-        wait_until(logged, timeout=2 * HEALTH_PING_SECONDS + 30, interval=0.1)
-    except AssertionError:
-        raise AssertionError(
-            f"no line says process {victim} was killed; the API logged:\n{''.join(api.lines)}"
-        ) from None
+    api.wait_for_log(logged, f"process {victim} was killed", timeout=2 * HEALTH_PING_SECONDS + 30)
     wait_until(lambda: len(api.children()) == 2 and victim not in api.children(), timeout=60, interval=0.2)
     deadline = time.monotonic() + 60
     while not api.answers():
@@ -115,11 +117,6 @@ def test_a_process_killed_while_it_is_pinged_is_logged_as_killed_not_hung(api: A
     def about_victim() -> list[str]:
         return [line for line in api.lines if str(victim) in line and "starting another" in line]
 
-    try:
-        wait_until(about_victim, timeout=HEALTH_PING_SECONDS + 30, interval=0.1)
-    except AssertionError:
-        raise AssertionError(
-            f"no line says process {victim} was replaced; the API logged:\n{''.join(api.lines)}"
-        ) from None
+    api.wait_for_log(about_victim, f"process {victim} was replaced", timeout=HEALTH_PING_SECONDS + 30)
     [line] = about_victim()
     assert "was killed by SIGKILL" in line and "health ping" not in line, line
