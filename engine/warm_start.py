@@ -41,10 +41,10 @@ def _upsert(target: Path, deletion_vectors: bool, rows: list[dict[str, object]])
     )
 
 
-WARM_UP_PATIENCE = 8
+WARM_UP_PATIENCE = 16
 """The JIT's warm-up goes on while one of the last this many rounds was the best so far: on a fresh server a round's
-time falls slowly and unevenly for hundreds of merges, and a server already warm, whose rounds only vary, sets a
-new best ever more rarely."""
+time falls slowly and unevenly for hundreds of merges (a patience of eight ended warm-ups whose rounds were still
+falling by a fifth), and a server already warm, whose rounds only vary, sets a new best ever more rarely."""
 
 WARM_UP_GAIN = 0.98
 """A new best round must take at most this share of the best before it: a round a hair faster is noise."""
@@ -65,7 +65,7 @@ def warm_up(spark: SparkSession, scratch: Path, *, max_seconds: float = 0.0) -> 
     that each updated one row and inserted one, then, for up to ``max_seconds``, runs rounds of small merges (an
     update and an insert past every file, with a deletion-vector upsert every few rounds) while they still get
     faster (``still_warming``): the server's JIT compiles Spark's hot paths only after many merges, and a server
-    already warm stops after some ten rounds. The tables are removed at the end. ``scratch`` must be a directory
+    already warm stops after some twenty rounds. The tables are removed at the end. ``scratch`` must be a directory
     Spark can write to."""
     start = time.monotonic()
     rounds: list[float] = []

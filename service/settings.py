@@ -84,10 +84,10 @@ class Settings(BaseSettings):
     """Before it claims its first job a worker runs a throwaway merge on scratch tables of its own
     (``engine.warm_up``), so that the first caller's merge is not the cold one; its readiness says "warming up"
     meanwhile."""
-    warm_up_seconds: float = Field(default=30.0, ge=0)
-    """After its first merges the warm-up goes on with rounds of small merges while one of the last eight set a clear
+    warm_up_seconds: float = Field(default=60.0, ge=0)
+    """After its first merges the warm-up goes on with rounds of small merges while one of the last sixteen set a clear
     new best (the server's JIT compiling Spark's hot paths), starting none after this long; 0: the first merges
-    only. A server already warm stops them after some ten rounds, a few seconds."""
+    only. A server already warm stops them after some twenty rounds, ten seconds or so."""
     warm_up_dir: str | None = None
     """Where the warm-up's scratch tables go (removed afterwards); a directory the Spark server can write to.
     Unset: ``_merge_service_warm_up`` under the first lake root, which Spark and Delta readers skip (a name that

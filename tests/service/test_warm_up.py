@@ -147,15 +147,23 @@ def test_each_round_starts_from_a_fresh_table_of_three_rows(tmp_path: Path) -> N
 
 def test_the_jit_rounds_go_on_while_a_recent_round_was_clearly_the_best() -> None:
     assert all(still_warming([9.0] * n) for n in range(WARM_UP_PATIENCE + 1))  # too few rounds to judge
-    # A fresh server (rounds measured on one): slow, uneven gains, a new best every few rounds.
-    cold = [2.85, 1.38, 1.62, 1.3, 1.59, 1.15, 1.28, 1.27, 0.98, 1.1, 1.2, 1.05, 1.0, 1.02, 0.99, 1.01, 1.03]
+    # A fresh server (the rounds of one warm-up, measured): fast gains at first, then slow, uneven ones.
+    cold = [
+        *(0.899, 0.832, 0.761, 0.711, 0.673, 0.558, 0.49, 0.522, 0.473, 0.489, 0.474, 0.44, 0.45, 0.465, 0.418),
+        *(0.399, 0.458, 0.442, 0.42, 0.355, 0.416, 0.402, 0.363, 0.352, 0.385, 0.416, 0.364, 0.404, 0.424, 0.382),
+        *(0.357, 0.355, 0.377, 0.391, 0.355, 0.328, 0.345, 0.348, 0.303, 0.363, 0.357, 0.367, 0.373, 0.385, 0.312),
+        *(0.343, 0.277, 0.327, 0.283, 0.311, 0.312, 0.316, 0.354, 0.408, 0.315, 0.383, 0.304, 0.383, 0.315, 0.361),
+        *(0.407, 0.34, 0.314),
+    ]
     assert all(still_warming(cold[:n]) for n in range(len(cold)))  # every round before the last
-    assert not still_warming(cold)  # eight rounds since 0.98, none below 0.98 * 0.98
-    # A warm server: rounds that only vary set no clear best for eight rounds.
-    warm = [0.40, 0.42, 0.45, 0.41, 0.43, 0.40, 0.44, 0.41, 0.42]
+    assert not still_warming(cold)  # sixteen rounds since 0.277, none below 0.277 * 0.98
+    # The same server a hundred rounds later: its rounds only vary and set no clear best for sixteen rounds.
+    warm = [0.33, 0.313, 0.313, 0.369, 0.327, 0.287, 0.315, 0.325, 0.347, 0.321, 0.312, 0.336, 0.381, 0.371, 0.333]
+    warm += [0.316, 0.306, 0.358, 0.315, 0.35, 0.297, 0.299]
     assert not still_warming(warm)
-    assert still_warming([*warm[:-1], 0.40 * WARM_UP_GAIN])  # a clear new best within the last eight: go on
-    assert not still_warming([*warm[:-1], 0.40 * WARM_UP_GAIN + 0.001])  # a hair under the best: noise
+    best = min(warm[:-WARM_UP_PATIENCE])
+    assert still_warming([*warm[:-1], best * WARM_UP_GAIN])  # a clear new best within the last sixteen: go on
+    assert not still_warming([*warm[:-1], best * WARM_UP_GAIN + 0.001])  # a hair under the best: noise
 
 
 def test_on_a_warm_server_the_jit_rounds_end_by_themselves(spark: object, tmp_path: Path) -> None:
