@@ -108,7 +108,7 @@ def test_a_killed_api_process_is_logged_with_its_cause_and_replaced(api: Api) ->
         time.sleep(0.2)
 
 
-def test_a_process_killed_while_it_is_pinged_is_logged_as_killed_not_hung(api: Api) -> None:
+def test_a_process_killed_while_it_is_pinged_is_replaced_at_once_and_logged_as_killed(api: Api) -> None:
     victim = api.children()[-1]
     os.kill(victim, signal.SIGSTOP)  # it cannot answer a ping now
     time.sleep(2)  # the supervisor pings every half second: it is waiting on the victim's answer
@@ -117,6 +117,7 @@ def test_a_process_killed_while_it_is_pinged_is_logged_as_killed_not_hung(api: A
     def about_victim() -> list[str]:
         return [line for line in api.lines if str(victim) in line and "starting another" in line]
 
-    api.wait_for_log(about_victim, f"process {victim} was replaced", timeout=HEALTH_PING_SECONDS + 30)
+    # Replaced as soon as it is gone: long before the ping it could not answer would have run out of time.
+    api.wait_for_log(about_victim, f"process {victim} was replaced", timeout=HEALTH_PING_SECONDS / 2)
     [line] = about_victim()
     assert "was killed by SIGKILL" in line and "health ping" not in line, line
