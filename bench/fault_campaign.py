@@ -142,6 +142,30 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
 
 
+FULL_BYTES = 64 * 1024
+"""A file system with at most this much free is full: no data file, log entry or temporary file fits."""
+
+
+def fill(filler: Path) -> int:
+    """Fills the file system under ``filler`` until it is full; the bytes left free. One allocation of all the
+    free space fails whole (and tmpfs gives it all back) when a writer takes a little of it meanwhile, so the file
+    grows in chunks, each halved when it no longer fits, down to a page; and again while a writer frees space."""
+    size = 0
+    with open(filler, "wb") as out:
+        for _ in range(10):
+            chunk = 1 << 24
+            while chunk >= 4096:
+                try:
+                    os.posix_fallocate(out.fileno(), size, chunk)
+                    size += chunk
+                except OSError:
+                    chunk //= 2
+            left = shutil.disk_usage(filler.parent).free
+            if left <= FULL_BYTES:
+                return left
+    raise RuntimeError(f"{filler.parent} still has {left} bytes free after filling it")
+
+
 class HealthPoller:
     """Asks each process that should be up for /healthz every ``HEALTH_INTERVAL``; a process the campaign has
     down on purpose is exempt (``down``)."""
@@ -428,15 +452,11 @@ class Campaign:
                 raise ValueError("disk_full needs the lake on a tmpfs of its own (run as root)")
             seconds = self.rng.uniform(1, 6)
             filler = self.lake / "filler"
-            free = shutil.disk_usage(self.lake).free
-            with contextlib.suppress(OSError), open(filler, "wb") as out:
-                os.posix_fallocate(out.fileno(), 0, free)
-            with contextlib.suppress(OSError), open(self.lake / "filler-tail", "wb") as out:
-                out.write(b"\0" * 1024 * 1024)  # whatever fallocate's rounding left
-            left = shutil.disk_usage(self.lake).free
-            time.sleep(seconds)
-            filler.unlink()
-            (self.lake / "filler-tail").unlink(missing_ok=True)
+            try:
+                left = fill(filler)
+                time.sleep(seconds)
+            finally:
+                filler.unlink(missing_ok=True)
             return f"lake full ({left} bytes free) for {seconds:.1f} s"
         raise ValueError(f"unknown fault kind {kind!r}")
 
