@@ -99,8 +99,9 @@ class SparkUnavailableError(MergeServiceEngineError):
 
 
 class StorageWriteError(MergeServiceEngineError):
-    """Spark could not write the lake's storage (SQLSTATE class 58, system errors: a full disk, a lost mount).
-    Nothing was committed, and the storage may recover, so the merge is retried."""
+    """The lake's storage could not be written: Spark's tasks failed with a system error (SQLSTATE class 58), or
+    the engine's own writes (a deletion vector's file, the log) failed in a way that may pass (a full disk, a lost
+    mount). Nothing was committed, and the storage may recover, so the merge is retried."""
 
     title = "Storage write failed"
     retryable = True
@@ -148,6 +149,14 @@ class CommitFailedError(DeltaError):
     """The commit definitely did not land (nothing was written to the log)."""
 
     title = "Commit failed"
+
+
+class CommitStorageError(CommitFailedError, StorageWriteError):
+    """The log could not be written or read for a reason in the storage (a full disk, a lost mount) while
+    committing: nothing was committed, and the storage may recover, so the merge is retried."""
+
+    title = StorageWriteError.title
+    retryable = True
 
 
 class ConcurrentModificationError(CommitFailedError):

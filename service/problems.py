@@ -94,6 +94,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     DeletionVectorError: "deletion-vector",
     # Committing.
     engine_errors.CommitFailedError: "commit-failed",
+    engine_errors.CommitStorageError: "storage-write",
     engine_errors.CommitStateUnknownError: "commit-state-unknown",
     engine_errors.ConcurrentModificationError: "concurrent-modification",
     engine_errors.ConcurrentAppendError: "concurrent-append",

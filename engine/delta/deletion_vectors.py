@@ -15,6 +15,7 @@ The rows a vector holds are row indexes in the data file (Parquet row positions 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import uuid
@@ -26,7 +27,8 @@ from typing import Any
 from pyroaring import BitMap, BitMap64
 
 from engine.delta.paths import log_path_to_local
-from engine.errors import DeltaError
+from engine.delta.storage import may_pass
+from engine.errors import DeltaError, StorageWriteError
 
 MAGIC_NUMBER = 1681511377
 """RoaringBitmapArray's magic number (little-endian, first four bytes of every serialized vector)."""
@@ -244,14 +246,20 @@ def write_deletion_vector_file(
         found.append((len(body), len(data), len(bitmap)))
         body += struct.pack(">I", len(data)) + data + struct.pack(">I", zlib.crc32(data))
     folder = os.path.join(root, prefix) if prefix else root
-    os.makedirs(folder, exist_ok=True)
     final = os.path.join(folder, f"deletion_vector_{file_id}.bin")
     partial = final + ".tmp"
-    with open(partial, "wb") as handle:
-        handle.write(body)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, final)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(partial, "wb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, final)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        message = f"Cannot write a deletion vector file under {folder}: {exc}"
+        raise (StorageWriteError(message) if may_pass(exc) else DeltaError(message)) from exc
     encoded = prefix + z85_encode(file_id.bytes)
     return [DeletionVectorDescriptor("u", encoded, size, count, offset) for offset, size, count in found]
 

@@ -22,6 +22,25 @@ class CommitOutcomeUnknown(OSError):
     """put_if_absent failed in a way that leaves open whether the object was created."""
 
 
+TRANSIENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ESTALE}
+)
+"""Storage failures that may pass: a full disk or quota, an I/O error, a busy or stale network mount. A path that
+is not a folder, or that this process may not write, stays so."""
+
+
+def may_pass(exc: OSError) -> bool:
+    """Whether the storage failure ``exc`` may pass, by its innermost OS error (a wrapper's cause names the real
+    one: put_if_absent reports a failed staging as EIO)."""
+    cause: BaseException | None = exc
+    code = exc.errno
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            code = cause.errno
+        cause = cause.__cause__
+    return code in TRANSIENT_ERRNOS
+
+
 class Storage(Protocol):
     root: str
 

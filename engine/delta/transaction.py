@@ -57,10 +57,11 @@ from engine.delta.features import (
 )
 from engine.delta.skipping import FilePredicate
 from engine.delta.snapshot import Snapshot
-from engine.delta.storage import CommitOutcomeUnknown, Storage
+from engine.delta.storage import CommitOutcomeUnknown, Storage, may_pass
 from engine.errors import (
     CommitFailedError,
     CommitStateUnknownError,
+    CommitStorageError,
     ConcurrentAppendError,
     ConcurrentDeleteDeleteError,
     ConcurrentDeleteReadError,
@@ -72,6 +73,13 @@ from engine.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _storage_failure(exc: OSError, message: str) -> CommitFailedError:
+    """The error for a commit the storage stopped: CommitStorageError (retried) when the failure may pass,
+    CommitFailedError otherwise."""
+    return CommitStorageError(message) if may_pass(exc) else CommitFailedError(message)
+
 
 ENGINE_INFO = "merge-service/0.1.0"
 ISOLATION_LEVEL = "WriteSerializable"
@@ -145,8 +153,8 @@ class Transaction:
         tags: Mapping[str, str] | None = None,
     ) -> int:
         """Write the commit; answer the version it landed at. Raises a ConcurrentModificationError subclass
-        on a conflict, CommitFailedError when nothing was written, CommitStateUnknownError when the outcome
-        cannot be told."""
+        on a conflict, CommitFailedError when nothing was written (CommitStorageError when the storage failed),
+        CommitStateUnknownError when the outcome cannot be told."""
         if self._committed_version is not None:
             raise DeltaError("This transaction has already committed")
         storage = self.snapshot.storage
@@ -175,7 +183,9 @@ class Transaction:
                     f"Commit of version {version} to {self.snapshot.root} may or may not have landed: {exc}"
                 ) from exc
             except OSError as exc:
-                raise CommitFailedError(f"Cannot write commit {version} to {self.snapshot.root}: {exc}") from exc
+                raise _storage_failure(
+                    exc, f"Cannot write commit {version} to {self.snapshot.root}; nothing was committed: {exc}"
+                ) from exc
             self._committed_version = version
             self._post_commit(version, new_metadata)
             return version
@@ -301,8 +311,10 @@ class Transaction:
             try:
                 text = storage.read(commit_key(self.read_version)).decode("utf-8")
             except OSError as exc:
-                raise CommitFailedError(
-                    f"Cannot read commit {self.read_version} of {self.snapshot.root} for its in-commit timestamp: {exc}"
+                raise _storage_failure(
+                    exc,
+                    f"Cannot read commit {self.read_version} of {self.snapshot.root} for its in-commit timestamp: "
+                    f"{exc}",
                 ) from exc
             entry = parse_commit(self.read_version, text, self.snapshot.spark_schema)
             self._previous_timestamp = self._commit_timestamp(entry)
@@ -327,7 +339,7 @@ class Transaction:
         try:
             names = storage.list(LOG_DIR)
         except OSError as exc:
-            raise CommitFailedError(f"Cannot list the log of {self.snapshot.root}: {exc}") from exc
+            raise _storage_failure(exc, f"Cannot list the log of {self.snapshot.root}: {exc}") from exc
         versions = [int(n[:20]) for n in names if _COMMIT_NAME.match(n)]
         return max(versions, default=self.read_version)
 
@@ -339,7 +351,7 @@ class Transaction:
                 f"Commit {version} of {self.snapshot.root} vanished while checking for conflicts"
             ) from exc
         except OSError as exc:
-            raise CommitFailedError(f"Cannot read commit {version} of {self.snapshot.root}: {exc}") from exc
+            raise _storage_failure(exc, f"Cannot read commit {version} of {self.snapshot.root}: {exc}") from exc
         return parse_commit(version, text, self.snapshot.spark_schema)
 
     def _check_conflicts(self, winner: CommitEntry, actions: Sequence[CommitAction]) -> None:

@@ -14,8 +14,10 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from bench.fault_campaign import fill
 from engine import run_merge
 from engine.errors import StorageWriteError
+from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, make_spec, rows, write_table
 
 
@@ -49,3 +51,66 @@ def test_a_full_disk_is_a_retryable_storage_error(spark: SparkSession, small_lak
     assert "could not write the table's files" in str(caught.value)
     assert DeltaTable(str(target)).version() == before
     assert rows(target) == [(1, "a"), (2, "b")]
+
+
+def test_a_full_disk_at_the_commit_is_a_retryable_storage_error(
+    spark: SparkSession, small_lake: Path, tmp_path: Path
+) -> None:
+    """The data files are written; the disk fills before the log entry is: the merge is retried, not failed, and
+    the table is unchanged until a retry commits it."""
+    target = write_table(small_lake / "t", pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}))
+    before = DeltaTable(str(target)).version()
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2, 3], pa.int64()), "v": ["B", "c"]}))
+    spec = make_spec(
+        target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+    )
+    filler = small_lake / "filler"
+
+    def fill_at_commit(phase: str) -> None:
+        if phase == "committing":
+            fill(filler)
+
+    try:
+        with pytest.raises(StorageWriteError) as caught:
+            run_merge(spark, spec, on_progress=fill_at_commit)
+    finally:
+        filler.unlink(missing_ok=True)
+    assert caught.value.retryable
+    assert "No space left on device" in str(caught.value)
+    assert DeltaTable(str(target)).version() == before
+    assert rows(target) == [(1, "a"), (2, "b")]
+    assert sorted(p.name for p in target.iterdir() if p.name != "_delta_log") == sorted(
+        Path(f).name for f in DeltaTable(str(target)).file_uris()
+    ), "the failed attempt's data files are removed"
+
+    result = run_merge(spark, spec)
+    assert result.table_version == before + 1
+    assert rows(target) == [(1, "a"), (2, "B"), (3, "c")]
+
+
+def test_a_full_disk_under_a_deletion_vector_is_a_retryable_storage_error(
+    spark: SparkSession, small_lake: Path, tmp_path: Path
+) -> None:
+    """A delete by key on a deletion-vector table writes no data file, only the vector's file (in the engine, not
+    Spark) and the log entry: on a full disk it is retried like any other write, and leaves nothing behind."""
+    target = write_table(small_lake / "t", pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
+    enable_deletion_vectors(target)
+    before = DeltaTable(str(target)).version()
+    files_before = sorted(p.relative_to(target) for p in target.rglob("*"))
+    source = write_table(tmp_path / "s", pa.table({"id": pa.array([2], pa.int64())}))
+    spec = make_spec(target, source, "t.id = s.id", [clause("matched", "delete")])
+    filler = small_lake / "filler"
+    try:
+        fill(filler)
+        with pytest.raises(StorageWriteError) as caught:
+            run_merge(spark, spec)
+    finally:
+        filler.unlink(missing_ok=True)
+    assert caught.value.retryable
+    assert "No space left on device" in str(caught.value)
+    assert DeltaTable(str(target)).version() == before
+    assert sorted(p.relative_to(target) for p in target.rglob("*")) == files_before
+
+    result = run_merge(spark, spec)
+    assert result.metrics["numTargetDeletionVectorsAdded"] == 1
+    assert read_with_deltalake(target).to_pylist() == [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}]

@@ -26,6 +26,7 @@ from service.errors import ServiceError
 from service.jobs import Phase, Status
 from service.paths import LakeRoots
 from service.problems import GENERIC_ENGINE_SLUG, INTERNAL_SLUG, PROBLEM_SLUGS, TYPE_BASE, job_problem, slug_for
+from service.retry import is_retryable
 from service.settings import Settings
 from service.specs import build_merge, parse_request
 
@@ -269,6 +270,20 @@ def test_every_service_error_class_has_its_slug_in_the_table() -> None:
     classes = {ServiceError, *_subclasses(ServiceError)}
     missing = sorted(c.__qualname__ for c in classes if c not in PROBLEM_SLUGS)
     assert not missing, f"service/problems.py PROBLEM_SLUGS does not name {missing}"
+
+
+def test_a_storage_failure_while_committing_is_a_retried_storage_write() -> None:
+    """A full disk under the log is the same transient storage problem as under the table's files."""
+    error = engine_errors.CommitStorageError("Cannot write commit 3 to /lake/t: [Errno 28] No space left on device")
+    assert isinstance(error, engine_errors.CommitFailedError)
+    assert is_retryable(error)
+    problem = job_problem(error)
+    assert (problem["type"], problem["status"], problem["title"]) == (
+        TYPE_BASE + "storage-write",
+        503,
+        job_problem(engine_errors.StorageWriteError("Spark could not write"))["title"],
+    )
+    assert not is_retryable(engine_errors.CommitFailedError("Commit 3 of /lake/t vanished"))
 
 
 def test_a_class_the_table_does_not_name_answers_its_nearest_named_base() -> None:
