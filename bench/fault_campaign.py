@@ -59,8 +59,9 @@ import httpx
 import psutil
 import psycopg
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
+from engine.delta.feature_upgrade import add_features
 from engine.spark_server import SparkProcess, free_port, start_connect_server
 from tests.e2e.harness import answers, upsert_body, wait_ready
 from tests.service.conftest import PostgresServer
@@ -249,6 +250,7 @@ class Totals:
     out_of_order: int = 0
     wrong_version: int = 0
     failed_but_committed: int = 0
+    wrong_rows: int = 0
     stray_commits: int = 0
     health_checks: int = 0
     health_misses: int = 0
@@ -304,9 +306,14 @@ class Campaign:
             ServiceProcess(f"worker-{i}", [str(BIN / "merge-service"), "worker"], env, free_port(), self.logs)
             for i in range(workers)
         ]
-        for table in self.tables:
+        self.base_versions: dict[Path, int] = {}
+        for number, table in enumerate(self.tables):
             table.mkdir()
             write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
+            if number % 2:  # merge-on-read: the updates mark the old rows in deletion vectors
+                add_features(table, ["deletionVectors"])
+                DeltaTable(str(table)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+            self.base_versions[table] = DeltaTable(str(table)).version()
         for process in self.processes:
             process.start()
         for process in self.processes:
@@ -545,6 +552,17 @@ class Campaign:
             cache[version] = [(a["txn"]["appId"], int(a["txn"]["version"])) for a in actions if "txn" in a]
         return cache
 
+    def check_rows(self, number: int, table: Path, where: dict[int, list[int]]) -> list[str]:
+        """The table's live rows (deletion vectors applied, by delta-rs's query engine): each committed merge
+        inserted one new id, so three plus one per commit, every id once (an updated row that its vector failed to
+        hide would be there twice)."""
+        query = "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM t"
+        found = pa.table(QueryBuilder().register("t", DeltaTable(str(table))).execute(query).read_all()).to_pylist()[0]
+        expected = 3 + len(where)
+        if (found["n"], found["ids"]) != (expected, expected):
+            return [f"wrong rows: t{number} holds {found['n']} rows, {found['ids']} ids; its commits leave {expected}"]
+        return []
+
     def check(self, rows: dict[str, dict[str, Any]], totals: Totals) -> list[str]:
         """Every job ever submitted against every table's log; new problems only are counted (a problem stays
         reported on later runs, so each is counted once, by its text)."""
@@ -561,7 +579,7 @@ class Campaign:
             where: dict[int, list[int]] = {}
             for version, txns in sorted(log.items()):
                 ours = [seq for app, seq in txns if app == APP_ID]
-                if version > 0 and not ours:
+                if version > self.base_versions[table] and not ours:
                     problems.append(f"stray commit: t{number} v{version} carries no job's txn")
                 for seq in ours:
                     where.setdefault(seq, []).append(version)
@@ -592,11 +610,20 @@ class Campaign:
             for seq in where:
                 if seq not in by_seq:
                     problems.append(f"stray commit: t{number} holds seq {seq}, no job the campaign submitted")
+            problems += self.check_rows(number, table, where)
         new = [p for p in problems if p not in self.reported]
         self.reported.update(new)
         for problem in new:
             kind = problem.split(":", 1)[0].replace(" ", "_")
-            if kind in ("lost", "doubled", "wedged", "out_of_order", "wrong_version", "failed_but_committed"):
+            if kind in (
+                "lost",
+                "doubled",
+                "wedged",
+                "out_of_order",
+                "wrong_version",
+                "failed_but_committed",
+                "wrong_rows",
+            ):
                 setattr(totals, kind, getattr(totals, kind) + 1)
             elif kind == "stray_commit":
                 totals.stray_commits += 1
@@ -696,14 +723,24 @@ def summary(t: Totals) -> str:
         f"{t.runs} runs, {t.submitted} jobs ({t.succeeded} succeeded, {t.failed} failed, {t.cancelled} cancelled, "
         f"{t.unsubmitted} never accepted): {t.lost} lost, {t.doubled} doubled, {t.wedged} wedged, "
         f"{t.out_of_order} out of order, {t.wrong_version} wrong version, {t.failed_but_committed} failed but "
-        f"committed, {t.stray_commits} stray commits; /healthz {t.health_checks} checks, {t.health_misses} missed; "
+        f"committed, {t.stray_commits} stray commits, {t.wrong_rows} wrong rows; /healthz {t.health_checks} checks, "
+        f"{t.health_misses} missed; "
         f"faults: {faults}"
     )
 
 
 def clean(result: dict[str, Any]) -> bool:
     counts = result["counts"]
-    bad = ("lost", "doubled", "wedged", "out_of_order", "wrong_version", "failed_but_committed", "stray_commits")
+    bad = (
+        "lost",
+        "doubled",
+        "wedged",
+        "out_of_order",
+        "wrong_version",
+        "failed_but_committed",
+        "stray_commits",
+        "wrong_rows",
+    )
     return not result["error"] and counts["health_misses"] == 0 and all(counts[k] == 0 for k in bad)
 
 
