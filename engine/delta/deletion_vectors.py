@@ -15,8 +15,6 @@ The rows a vector holds are row indexes in the data file (Parquet row positions 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import struct
 import uuid
 import zlib
@@ -27,7 +25,7 @@ from typing import Any
 from pyroaring import BitMap, BitMap64
 
 from engine.delta.paths import log_path_to_local
-from engine.delta.storage import may_pass
+from engine.delta.storage import may_pass, storage_for
 from engine.errors import DeltaError, StorageWriteError
 
 MAGIC_NUMBER = 1681511377
@@ -245,20 +243,11 @@ def write_deletion_vector_file(
         data = serialize_bitmap(bitmap)
         found.append((len(body), len(data), len(bitmap)))
         body += struct.pack(">I", len(data)) + data + struct.pack(">I", zlib.crc32(data))
-    folder = os.path.join(root, prefix) if prefix else root
-    final = os.path.join(folder, f"deletion_vector_{file_id}.bin")
-    partial = final + ".tmp"
+    key = f"{prefix}/deletion_vector_{file_id}.bin" if prefix else f"deletion_vector_{file_id}.bin"
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(partial, "wb") as handle:
-            handle.write(body)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, final)
+        storage_for(root).put(key, bytes(body))
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        message = f"Cannot write a deletion vector file under {folder}: {exc}"
+        message = f"Cannot write the deletion vector file {key} of {root}: {exc}"
         raise (StorageWriteError(message) if may_pass(exc) else DeltaError(message)) from exc
     encoded = prefix + z85_encode(file_id.bytes)
     return [DeletionVectorDescriptor("u", encoded, size, count, offset) for offset, size, count in found]

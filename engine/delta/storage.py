@@ -57,6 +57,11 @@ class Storage(Protocol):
         CommitOutcomeUnknown if it cannot tell; other OSErrors mean it was not created."""
         ...
 
+    def put(self, key: str, data: bytes) -> None:
+        """Create or replace the object with ``data``: readers see it whole or not at all. An OSError means it was
+        not written, and nothing of it is left."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove an object or a whole folder; absent is fine."""
         ...
@@ -99,13 +104,9 @@ class LocalStorage:
     def put_if_absent(self, key: str, data: bytes) -> None:
         final = self._path(key)
         folder = os.path.dirname(final)
-        temp = os.path.join(folder, f".{os.path.basename(final)}.{uuid.uuid4().hex}.tmp")
+        temp = _temp_name(final)
         try:
-            os.makedirs(folder, exist_ok=True)
-            with open(temp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _stage(temp, data)
         except OSError as exc:
             # Not FileExistsError: only the final name being taken may read as "exists".
             with contextlib.suppress(OSError):
@@ -130,6 +131,32 @@ class LocalStorage:
             with contextlib.suppress(OSError):
                 os.remove(temp)
         _fsync_dir(folder)
+
+    def put(self, key: str, data: bytes) -> None:
+        final = self._path(key)
+        temp = _temp_name(final)
+        try:
+            _stage(temp, data)
+            os.replace(temp, final)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
+        _fsync_dir(os.path.dirname(final))
+
+
+def _temp_name(final: str) -> str:
+    """A hidden name beside ``final`` no other writer uses."""
+    return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{uuid.uuid4().hex}.tmp")
+
+
+def _stage(temp: str, data: bytes) -> None:
+    """``data`` written whole to ``temp`` and synced to the disk, its folder made if missing."""
+    os.makedirs(os.path.dirname(temp), exist_ok=True)
+    with open(temp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _fsync_dir(folder: str) -> None:
