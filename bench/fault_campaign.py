@@ -2,8 +2,9 @@
 
 Real processes, kept up across runs: a PostgreSQL server (the service tests' ``PostgresServer``, Debian's
 package), a Spark Connect server (``engine.spark_server.start_connect_server``), the API (``merge-service api``) and
-``--workers`` merge workers (``merge-service worker``), over ``--tables`` small Delta tables on a lake that is a
-small tmpfs of its own (when run as root; a plain directory otherwise, and then no disk-full fault).
+``--workers`` merge workers (``merge-service worker``), over ``--tables`` small Delta tables (every other one with
+deletion vectors enabled) on a lake that is a small tmpfs of its own (when run as root; a plain directory otherwise,
+and then no disk-full fault).
 
 One run: a few merges submitted through the HTTP API with idempotency keys (a submission that fails is sent again
 with the same key), one fault injected at a random moment among them, whatever was killed started again, then
@@ -13,7 +14,8 @@ every table is checked against the job table:
 - each succeeded job's commit is in its table's Delta log exactly once (the ``txn`` action: app id and job seq),
   at the ``table_version`` the job reports, and a table's succeeded jobs committed in submission order;
 - a failed or cancelled job left no commit; the log holds no commit that is not some job's;
-- every accepted submission is in the job table.
+- every accepted submission is in the job table;
+- the table's live rows (deletion vectors applied) are its first three and one new id per commit, each id once.
 
 Throughout, a poller asks every process that should be up for ``/healthz`` every half second, answered within
 1 s or counted as a miss (a process is exempt while the campaign has it killed or stopped on purpose).
@@ -87,6 +89,17 @@ ALL_KINDS = (
     "stall_spark",
     "stall_worker",
 )
+BAD_COUNTS = (
+    "lost",
+    "doubled",
+    "wedged",
+    "out_of_order",
+    "wrong_version",
+    "failed_but_committed",
+    "stray_commits",
+    "wrong_rows",
+)
+"""The counts of a campaign that must stay 0 (``Totals``); a problem's text starts with its kind."""
 # Spark takes tens of seconds to start again on two shared cores: its kill is drawn less often.
 WEIGHTS = {"spark_kill": 0.4}
 
@@ -615,18 +628,9 @@ class Campaign:
         self.reported.update(new)
         for problem in new:
             kind = problem.split(":", 1)[0].replace(" ", "_")
-            if kind in (
-                "lost",
-                "doubled",
-                "wedged",
-                "out_of_order",
-                "wrong_version",
-                "failed_but_committed",
-                "wrong_rows",
-            ):
-                setattr(totals, kind, getattr(totals, kind) + 1)
-            elif kind == "stray_commit":
-                totals.stray_commits += 1
+            count = "stray_commits" if kind == "stray_commit" else kind
+            if count in BAD_COUNTS:
+                setattr(totals, count, getattr(totals, count) + 1)
         return new
 
 
@@ -731,17 +735,7 @@ def summary(t: Totals) -> str:
 
 def clean(result: dict[str, Any]) -> bool:
     counts = result["counts"]
-    bad = (
-        "lost",
-        "doubled",
-        "wedged",
-        "out_of_order",
-        "wrong_version",
-        "failed_but_committed",
-        "stray_commits",
-        "wrong_rows",
-    )
-    return not result["error"] and counts["health_misses"] == 0 and all(counts[k] == 0 for k in bad)
+    return not result["error"] and counts["health_misses"] == 0 and all(counts[k] == 0 for k in BAD_COUNTS)
 
 
 def main(argv: list[str] | None = None) -> int:
