@@ -66,6 +66,7 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from engine.delta.feature_upgrade import add_features
 from engine.spark_server import SparkProcess, free_port, start_connect_server
 from tests.e2e.harness import answers, upsert_body, wait_ready
+from tests.full_disk import fill
 from tests.service.conftest import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,30 +155,6 @@ class ServiceProcess:
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
-
-
-FULL_BYTES = 64 * 1024
-"""A file system with at most this much free is full: no data file, log entry or temporary file fits."""
-
-
-def fill(filler: Path) -> int:
-    """Fills the file system under ``filler`` until it is full; the bytes left free. One allocation of all the
-    free space fails whole (and tmpfs gives it all back) when a writer takes a little of it meanwhile, so the file
-    grows in chunks, each halved when it no longer fits, down to a page; and again while a writer frees space."""
-    size = 0
-    with open(filler, "wb") as out:
-        for _ in range(10):
-            chunk = 1 << 24
-            while chunk >= 4096:
-                try:
-                    os.posix_fallocate(out.fileno(), size, chunk)
-                    size += chunk
-                except OSError:
-                    chunk //= 2
-            left = shutil.disk_usage(filler.parent).free
-            if left <= FULL_BYTES:
-                return left
-    raise RuntimeError(f"{filler.parent} still has {left} bytes free after filling it")
 
 
 class HealthPoller:

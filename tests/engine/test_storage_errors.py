@@ -14,11 +14,11 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from bench.fault_campaign import fill
 from engine import run_merge
 from engine.errors import StorageWriteError
 from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, make_spec, rows, write_table
+from tests.full_disk import fill
 
 
 @pytest.fixture
@@ -33,6 +33,17 @@ def small_lake(tmp_path: Path) -> Iterator[Path]:
         yield lake
     finally:
         subprocess.run(["umount", "-l", str(lake)], check=False)
+
+
+@pytest.fixture
+def filler(small_lake: Path) -> Iterator[Path]:
+    """The file that fills the small lake (``fill``); a test frees the disk by removing it, and it is removed
+    whatever the test does."""
+    path = small_lake / "filler"
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def test_a_full_disk_is_a_retryable_storage_error(spark: SparkSession, small_lake: Path, tmp_path: Path) -> None:
@@ -54,7 +65,7 @@ def test_a_full_disk_is_a_retryable_storage_error(spark: SparkSession, small_lak
 
 
 def test_a_full_disk_at_the_commit_is_a_retryable_storage_error(
-    spark: SparkSession, small_lake: Path, tmp_path: Path
+    spark: SparkSession, small_lake: Path, filler: Path, tmp_path: Path
 ) -> None:
     """The data files are written; the disk fills before the log entry is: the merge is retried, not failed, and
     the table is unchanged until a retry commits it."""
@@ -64,17 +75,14 @@ def test_a_full_disk_at_the_commit_is_a_retryable_storage_error(
     spec = make_spec(
         target, source, "t.id = s.id", [clause("matched", "update_all"), clause("notMatched", "insert_all")]
     )
-    filler = small_lake / "filler"
 
     def fill_at_commit(phase: str) -> None:
         if phase == "committing":
             fill(filler)
 
-    try:
-        with pytest.raises(StorageWriteError) as caught:
-            run_merge(spark, spec, on_progress=fill_at_commit)
-    finally:
-        filler.unlink(missing_ok=True)
+    with pytest.raises(StorageWriteError) as caught:
+        run_merge(spark, spec, on_progress=fill_at_commit)
+    filler.unlink()
     assert caught.value.retryable
     assert "No space left on device" in str(caught.value)
     assert DeltaTable(str(target)).version() == before
@@ -89,7 +97,7 @@ def test_a_full_disk_at_the_commit_is_a_retryable_storage_error(
 
 
 def test_a_full_disk_under_a_deletion_vector_is_a_retryable_storage_error(
-    spark: SparkSession, small_lake: Path, tmp_path: Path
+    spark: SparkSession, small_lake: Path, filler: Path, tmp_path: Path
 ) -> None:
     """A delete by key on a deletion-vector table writes no data file, only the vector's file (in the engine, not
     Spark) and the log entry: on a full disk it is retried like any other write, and leaves nothing behind."""
@@ -99,13 +107,10 @@ def test_a_full_disk_under_a_deletion_vector_is_a_retryable_storage_error(
     files_before = sorted(p.relative_to(target) for p in target.rglob("*"))
     source = write_table(tmp_path / "s", pa.table({"id": pa.array([2], pa.int64())}))
     spec = make_spec(target, source, "t.id = s.id", [clause("matched", "delete")])
-    filler = small_lake / "filler"
-    try:
-        fill(filler)
-        with pytest.raises(StorageWriteError) as caught:
-            run_merge(spark, spec)
-    finally:
-        filler.unlink(missing_ok=True)
+    fill(filler)
+    with pytest.raises(StorageWriteError) as caught:
+        run_merge(spark, spec)
+    filler.unlink()
     assert caught.value.retryable
     assert "No space left on device" in str(caught.value)
     assert DeltaTable(str(target)).version() == before
