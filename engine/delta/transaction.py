@@ -75,12 +75,6 @@ from engine.errors import (
 log = logging.getLogger(__name__)
 
 
-def _storage_failure(exc: OSError, message: str) -> CommitFailedError:
-    """The error for a commit the storage stopped: CommitStorageError (retried) when the failure may pass,
-    CommitFailedError otherwise."""
-    return CommitStorageError(message) if may_pass(exc) else CommitFailedError(message)
-
-
 ENGINE_INFO = "merge-service/0.1.0"
 ISOLATION_LEVEL = "WriteSerializable"
 LOG_DIR = "_delta_log"
@@ -410,6 +404,12 @@ class Transaction:
             DeltaTable(self.snapshot.root, version=version).create_checkpoint()
         except Exception as exc:  # a missing checkpoint only slows readers down
             log.warning("Checkpoint at version %s of %s failed: %s", version, self.snapshot.root, exc)
+
+
+def _storage_failure(exc: OSError, message: str) -> CommitFailedError:
+    """The error for a commit the storage stopped: CommitStorageError (retried) when the failure may pass,
+    CommitFailedError otherwise."""
+    return CommitStorageError(message) if may_pass(exc) else CommitFailedError(message)
 
 
 def _as_string(value: Any) -> str:
