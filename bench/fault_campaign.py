@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -66,7 +65,7 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from engine.delta.feature_upgrade import add_features
 from engine.spark_server import SparkProcess, free_port, start_connect_server
 from tests.e2e.harness import answers, upsert_body, wait_ready
-from tests.full_disk import fill
+from tests.full_disk import can_mount, fill, mount_tmpfs, unmount
 from tests.service.conftest import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,9 +253,9 @@ class Campaign:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.lake = work / "lake"
         self.lake.mkdir(exist_ok=True)
-        self.tmpfs = os.geteuid() == 0 and shutil.which("mount") is not None
+        self.tmpfs = can_mount()
         if self.tmpfs:
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs_mb}m", "tmpfs", str(self.lake)], check=True)
+            mount_tmpfs(self.lake, tmpfs_mb)
         self.tables = [self.lake / f"t{i}" for i in range(tables)]
         self.next_id = 1000
         self.jobs: list[Submitted] = []
@@ -327,7 +326,7 @@ class Campaign:
         self.spark.stop(10)
         self.pg.stop()
         if self.tmpfs:
-            subprocess.run(["umount", "-l", str(self.lake)], check=False)
+            unmount(self.lake)
 
     # --- merges ---------------------------------------------------------------------------------------------
 

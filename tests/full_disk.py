@@ -1,10 +1,11 @@
-"""A full disk made for real: a file that takes a file system's free space, for the engine's storage tests and
-the fault campaign (bench/fault_campaign.py)."""
+"""A full disk made for real: a small tmpfs of its own as the lake, and a file that takes its free space; for the
+storage tests and the fault campaign (bench/fault_campaign.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 FULL_BYTES = 64 * 1024
@@ -29,3 +30,20 @@ def fill(filler: Path) -> int:
             if left <= FULL_BYTES:
                 return left
     raise RuntimeError(f"{filler.parent} still has {left} bytes free after filling it")
+
+
+def can_mount() -> bool:
+    """Mounting a tmpfs needs root (as CI runs)."""
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def mount_tmpfs(folder: Path, megabytes: int) -> None:
+    """``folder`` becomes a tmpfs of ``megabytes``, writable by all: the Spark server writes there as whoever runs
+    it."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)], check=True)
+    os.chmod(folder, 0o777)
+
+
+def unmount(folder: Path) -> None:
+    """Lazily, so a process still holding a file there does not keep the tmpfs mounted."""
+    subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -5,7 +5,6 @@ was. The full disk is real: a small tmpfs mounted as the lake (mounting needs ro
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,21 +17,20 @@ from engine import run_merge
 from engine.errors import StorageWriteError
 from tests.engine.delta.dv_tables import enable_deletion_vectors, read_with_deltalake
 from tests.engine.harness import clause, make_spec, rows, write_table
-from tests.full_disk import fill
+from tests.full_disk import can_mount, fill, mount_tmpfs, unmount
 
 
 @pytest.fixture
 def small_lake(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
+    if not can_mount():
         pytest.skip("mounting a small tmpfs as a full lake needs root")
     lake = tmp_path / "small-lake"
     lake.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(lake)], check=True)
-    os.chmod(lake, 0o777)  # the Spark server writes here as whoever runs it
+    mount_tmpfs(lake, 3)
     try:
         yield lake
     finally:
-        subprocess.run(["umount", "-l", str(lake)], check=False)
+        unmount(lake)
 
 
 @pytest.fixture
