@@ -62,9 +62,9 @@ import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
 
-from engine.delta.feature_upgrade import add_features
 from engine.spark_server import SparkProcess, free_port, start_connect_server
 from tests.e2e.harness import answers, upsert_body, wait_ready
+from tests.engine.delta.dv_tables import enable_deletion_vectors
 from tests.full_disk import can_mount, fill, mount_tmpfs, unmount
 from tests.service.conftest import PostgresServer
 
@@ -300,8 +300,7 @@ class Campaign:
             table.mkdir()
             write_deltalake(str(table), pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}))
             if number % 2:  # merge-on-read: the updates mark the old rows in deletion vectors
-                add_features(table, ["deletionVectors"])
-                DeltaTable(str(table)).alter.set_table_properties({"delta.enableDeletionVectors": "true"})
+                enable_deletion_vectors(table)
             self.base_versions[table] = DeltaTable(str(table)).version()
         for process in self.processes:
             process.start()
