@@ -146,7 +146,7 @@ def _conform(
         paths = [(column.isNull(), f.name)] if not f.nullable else []
         paths += _not_null_checks(column, f.dataType, f.name, None)
         not_null += [
-            (cond, F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}"))
+            (cond, F.lit(f"[{NOT_NULL_MARKER}] NOT NULL constraint violated for column: {path}."))
             for cond, path in paths
         ]
     checks = [
@@ -189,12 +189,7 @@ def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: 
         writer.save("file:" + out_dir)
     except Exception as exc:
         text = str(exc)
-        if NOT_NULL_MARKER in text:
-            path = re.search(r"violated for column: ([^\s\"']+)", text)
-            raise InvariantViolationError(
-                f"NOT NULL constraint violated for column: {path.group(1) if path else '?'}"
-            ) from exc
-        for marker in (CHECK_MARKER, LENGTH_MARKER):
+        for marker in (NOT_NULL_MARKER, CHECK_MARKER, LENGTH_MARKER):
             if marker in text:
                 raise InvariantViolationError(_raised_message(text, marker)) from exc
         raise
