@@ -1,0 +1,179 @@
+"""Generated columns, CHECK constraints and NOT NULL on tables Delta on Spark created: the engine's merges against
+Delta's own MERGE INTO on copies. Merges that keep every rule commit the same rows, generated values (a generated
+partition column among them) and metrics; merges that break one fail on both sides and leave both tables as they
+were."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from engine import InsertAction, MergeClause, UpdateAction
+from engine.errors import InvariantViolationError, MergeResolutionError, MergeServiceEngineError
+from tests.engine.harness import clause
+from tests.oracle.differential import Side, assert_same, run_delta, run_engine
+from tests.oracle.tables import latest_version, make_delta_table
+
+DDL = (
+    "id BIGINT NOT NULL, v STRING NOT NULL, amount INT, ts TIMESTAMP, "
+    "d DATE GENERATED ALWAYS AS (CAST(ts AS DATE)), doubled INT GENERATED ALWAYS AS (amount * 2)"
+)
+COLUMNS = ["id", "v", "amount", "ts", "d", "doubled"]
+ROWS = ", ".join(f"({i}, 'v{i}', {i * 10}, TIMESTAMP'2026-01-0{1 + i % 3} 10:00:00')" for i in range(1, 9))
+SOURCE_DDL = "id BIGINT, v STRING, amount INT, ts TIMESTAMP"
+SOURCE_ROWS = ", ".join(
+    [
+        "(2, 's2', 25, TIMESTAMP'2026-02-01 00:30:00')",
+        "(3, 's3', NULL, TIMESTAMP'2026-01-02 08:00:00')",
+        "(5, 's5', 55, NULL)",
+        "(20, 's20', 200, TIMESTAMP'2026-03-03 23:59:59')",
+        "(21, 's21', 210, NULL)",
+    ]
+)
+
+
+def _tables(delta_spark: SparkSession, tmp: Path, properties: dict[str, str]) -> tuple[Side, Side, Path]:
+    ours = make_delta_table(
+        delta_spark,
+        tmp / "ours",
+        DDL,
+        properties=properties,
+        partitioned_by=["d"],
+        then_sql=[
+            f"INSERT INTO {{table}} (id, v, amount, ts) VALUES {ROWS}",
+            "ALTER TABLE {table} ADD CONSTRAINT positive CHECK (amount > 0 OR amount IS NULL)",
+        ],
+    )
+    theirs = tmp / "theirs"
+    shutil.copytree(ours, theirs)
+    start = latest_version(ours)
+    source = make_delta_table(
+        delta_spark, tmp / "source", SOURCE_DDL, then_sql=[f"INSERT INTO {{table}} VALUES {SOURCE_ROWS}"]
+    )
+    return Side(ours, start_version=start), Side(theirs, start_version=start), source
+
+
+PROPERTIES = {
+    "copy-on-write": {},
+    "deletion-vectors": {"delta.enableDeletionVectors": "true"},
+    "change-data-feed": {"delta.enableChangeDataFeed": "true"},
+}
+
+KEEPING = [
+    clause("matched", "delete", "s.amount IS NULL"),
+    clause("matched", "update", None, amount="s.amount", ts="s.ts", v="concat(t.v, s.v)"),
+    MergeClause(
+        "notMatched", InsertAction(values={"id": "s.id", "v": "s.v", "amount": "s.amount", "ts": "s.ts"}), None
+    ),
+    clause("notMatchedBySource", "update", "t.id = 1", amount="t.amount + 1"),
+]
+
+
+@pytest.mark.parametrize("properties", list(PROPERTIES))
+def test_merges_that_keep_the_rules_match_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, properties: str
+) -> None:
+    """Updates move rows between partitions of the generated column; inserts and updates get their generated
+    values computed; the change feed and deletion vectors as each table asks."""
+    ours, theirs, source = _tables(delta_spark, tmp_path, PROPERTIES[properties])
+    run_engine(spark, ours, source, "t.id = s.id", KEEPING)
+    run_delta(delta_spark, theirs, source, "t.id = s.id", KEEPING)
+    assert ours.error is None and theirs.error is None
+    assert ours.result == {"num_affected_rows": 6, "num_updated_rows": 3, "num_deleted_rows": 1, "num_inserted_rows": 2}
+    assert_same(delta_spark, ours, theirs, COLUMNS, cdf=properties == "change-data-feed")
+
+
+STAR = [clause("matched", "update_all"), clause("notMatched", "insert_all")]
+
+
+def test_star_actions_with_a_source_lacking_the_generated_columns_are_refused_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """UPDATE SET * needs every target column in the source, generated ones too (Delta: unresolved ``d``)."""
+    ours, theirs, source = _tables(delta_spark, tmp_path, {})
+    engine_error, delta_error = _both(spark, delta_spark, ours, theirs, source, STAR)
+    assert isinstance(engine_error, MergeResolutionError) and "`t`.`d`" in str(engine_error)
+    assert "DELTA_MERGE_UNRESOLVED_EXPRESSION" in str(delta_error)
+
+
+def _both(
+    spark: SparkSession, delta_spark: SparkSession, ours: Side, theirs: Side, source: Path, clauses: list[MergeClause]
+) -> tuple[MergeServiceEngineError | None, PySparkException | None]:
+    """Both sides fail and leave their tables as they were, or both commit the same; each side's error."""
+    engine_error: MergeServiceEngineError | None = None
+    delta_error: PySparkException | None = None
+    try:
+        run_engine(spark, ours, source, "t.id = s.id", clauses)
+    except MergeServiceEngineError as exc:
+        engine_error = exc
+    try:
+        run_delta(delta_spark, theirs, source, "t.id = s.id", clauses)
+    except PySparkException as exc:
+        delta_error = exc
+    assert (engine_error is None) == (delta_error is None), (engine_error, delta_error)
+    if engine_error is not None:
+        assert latest_version(ours.path) == ours.start_version
+        assert latest_version(theirs.path) == theirs.start_version
+    else:
+        assert_same(delta_spark, ours, theirs, COLUMNS)
+    return engine_error, delta_error
+
+
+NOT_NULL = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
+CHECK = "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES"
+BREAKING: dict[str, tuple[list[MergeClause], str, str]] = {
+    "check constraint": ([clause("matched", "update", "s.id = 2", amount="-1")], CHECK, "CHECK constraint positive"),
+    "not null": ([clause("matched", "update", "s.id = 2", v="CAST(NULL AS STRING)")], NOT_NULL, "column: v."),
+    "generated value set": (
+        [clause("matched", "update", "s.id = 2", doubled="7")],
+        CHECK,
+        "Generated Column (doubled <=> (amount * 2))",
+    ),
+    "generated partition set": (
+        [clause("matched", "update", "s.id = 2", d="DATE'2001-01-01'")],
+        CHECK,
+        "Generated Column (d <=> ",
+    ),
+    "inserted generated value": (
+        [
+            MergeClause(
+                "notMatched",
+                InsertAction(values={"id": "s.id", "v": "s.v", "amount": "s.amount", "ts": "s.ts", "doubled": "1"}),
+                None,
+            )
+        ],
+        CHECK,
+        "Generated Column (doubled <=> (amount * 2))",
+    ),
+    "inserted null key": (
+        [MergeClause("notMatched", InsertAction(values={"id": "CAST(NULL AS BIGINT)", "v": "s.v"}), "s.id = 20")],
+        NOT_NULL,
+        "column: id.",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BREAKING))
+def test_merges_that_break_a_rule_fail_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, name: str
+) -> None:
+    """The engine's failure names Delta's error class and the rule, as Delta's does."""
+    ours, theirs, source = _tables(delta_spark, tmp_path, {"delta.enableDeletionVectors": "true"})
+    clauses, error_class, rule = BREAKING[name]
+    engine_error, delta_error = _both(spark, delta_spark, ours, theirs, source, clauses)
+    assert isinstance(engine_error, InvariantViolationError)
+    assert str(engine_error).startswith(f"[{error_class}]") and rule in str(engine_error)
+    assert error_class in str(delta_error) and rule in str(delta_error)
+
+
+def test_an_update_that_sets_a_generated_column_to_its_own_value_commits_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    ours, theirs, source = _tables(delta_spark, tmp_path, {"delta.enableDeletionVectors": "true"})
+    clauses = [MergeClause("matched", UpdateAction(set={"amount": "s.amount", "doubled": "s.amount * 2"}), "s.id = 2")]
+    assert _both(spark, delta_spark, ours, theirs, source, clauses) == (None, None)
+    assert ours.result is not None and ours.result["num_updated_rows"] == 1
