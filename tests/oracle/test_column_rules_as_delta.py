@@ -1,7 +1,7 @@
-"""Generated columns, CHECK constraints and NOT NULL on tables Delta on Spark created: the engine's merges against
-Delta's own MERGE INTO on copies. Merges that keep every rule commit the same rows, generated values (a generated
-partition column among them) and metrics; merges that break one fail on both sides and leave both tables as they
-were."""
+"""A column's rules on tables Delta on Spark created (generated columns, CHECK constraints, NOT NULL, CHAR and
+VARCHAR lengths, defaults): the engine's merges against Delta's own MERGE INTO on copies. Merges that keep every
+rule commit the same rows, generated values (a generated partition column among them), defaults and metrics;
+merges that break one fail on both sides and leave both tables as they were."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from engine import InsertAction, MergeClause, UpdateAction
 from engine.errors import InvariantViolationError, MergeResolutionError, MergeServiceEngineError
 from tests.engine.harness import clause
 from tests.oracle.differential import Side, assert_same, run_delta, run_engine
-from tests.oracle.tables import latest_version, make_delta_table
+from tests.oracle.tables import latest_version, make_delta_table, table_ref
 
 DDL = (
     "id BIGINT NOT NULL, v STRING NOT NULL, amount INT, ts TIMESTAMP, "
-    "d DATE GENERATED ALWAYS AS (CAST(ts AS DATE)), doubled INT GENERATED ALWAYS AS (amount * 2)"
+    "d DATE GENERATED ALWAYS AS (CAST(ts AS DATE)), doubled INT GENERATED ALWAYS AS (amount * 2), "
+    "code VARCHAR(3), tag CHAR(4), note STRING DEFAULT 'none'"
 )
-COLUMNS = ["id", "v", "amount", "ts", "d", "doubled"]
+COLUMNS = ["id", "v", "amount", "ts", "d", "doubled", "code", "tag", "note"]
 ROWS = ", ".join(f"({i}, 'v{i}', {i * 10}, TIMESTAMP'2026-01-0{1 + i % 3} 10:00:00')" for i in range(1, 9))
 SOURCE_DDL = "id BIGINT, v STRING, amount INT, ts TIMESTAMP"
 SOURCE_ROWS = ", ".join(
@@ -41,7 +42,7 @@ def _tables(delta_spark: SparkSession, tmp: Path, properties: dict[str, str]) ->
         delta_spark,
         tmp / "ours",
         DDL,
-        properties=properties,
+        properties={"delta.feature.allowColumnDefaults": "supported", **properties},
         partitioned_by=["d"],
         then_sql=[
             f"INSERT INTO {{table}} (id, v, amount, ts) VALUES {ROWS}",
@@ -65,7 +66,7 @@ PROPERTIES = {
 
 KEEPING = [
     clause("matched", "delete", "s.amount IS NULL"),
-    clause("matched", "update", None, amount="s.amount", ts="s.ts", v="concat(t.v, s.v)"),
+    clause("matched", "update", None, amount="s.amount", ts="s.ts", v="concat(t.v, s.v)", tag="'ab'"),
     MergeClause(
         "notMatched", InsertAction(values={"id": "s.id", "v": "s.v", "amount": "s.amount", "ts": "s.ts"}), None
     ),
@@ -125,8 +126,11 @@ def _both(
 
 NOT_NULL = "DELTA_NOT_NULL_CONSTRAINT_VIOLATED"
 CHECK = "DELTA_VIOLATE_CONSTRAINT_WITH_VALUES"
+LENGTH = "DELTA_EXCEED_CHAR_VARCHAR_LIMIT"
 BREAKING: dict[str, tuple[list[MergeClause], str, str]] = {
     "check constraint": ([clause("matched", "update", "s.id = 2", amount="-1")], CHECK, "CHECK constraint positive"),
+    "varchar length": ([clause("matched", "update", "s.id = 2", code="'abcd'")], LENGTH, "length(code) <= 3"),
+    "char length": ([clause("matched", "update", "s.id = 2", tag="s.v || 'xyz'")], LENGTH, "length(tag) <= 4"),
     "not null": ([clause("matched", "update", "s.id = 2", v="CAST(NULL AS STRING)")], NOT_NULL, "column: v."),
     "generated value set": (
         [clause("matched", "update", "s.id = 2", doubled="7")],
@@ -177,3 +181,22 @@ def test_an_update_that_sets_a_generated_column_to_its_own_value_commits_as_in_d
     clauses = [MergeClause("matched", UpdateAction(set={"amount": "s.amount", "doubled": "s.amount * 2"}), "s.id = 2")]
     assert _both(spark, delta_spark, ours, theirs, source, clauses) == (None, None)
     assert ours.result is not None and ours.result["num_updated_rows"] == 1
+
+
+def test_the_default_keyword_takes_the_columns_default_where_delta_refuses_it(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """An intended difference (docs/oracle.md): Delta 4.4's MERGE cannot resolve ``DEFAULT`` as a value; the engine
+    gives the column its default, as Databricks documents MERGE doing."""
+    ours, theirs, source = _tables(delta_spark, tmp_path, {})
+    delta_spark.sql(f"UPDATE {table_ref(ours.path)} SET note = 'set', code = 'c'").collect()
+    clauses = [
+        MergeClause("matched", UpdateAction(set={"note": "DEFAULT", "code": "DEFAULT"}), "s.id = 2"),
+        MergeClause("notMatched", InsertAction(values={"id": "s.id", "v": "s.v", "note": "DEFAULT"}), None),
+    ]
+    run_engine(spark, ours, source, "t.id = s.id", clauses)
+    with pytest.raises(PySparkException, match="DELTA_MERGE_UNRESOLVED_EXPRESSION"):
+        run_delta(delta_spark, theirs, source, "t.id = s.id", clauses)
+    got = delta_spark.read.format("delta").load(str(ours.path)).where("id IN (1, 2, 20, 21)").orderBy("id").collect()
+    expected = [(1, "set", "c"), (2, "none", None), (20, "none", None), (21, "none", None)]
+    assert [(r.id, r.note, r.code) for r in got] == expected
