@@ -6,15 +6,14 @@ explicit assignments (a source column an UPDATE SET or INSERT names is added, a 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 from engine import parse_merge_sql, run_merge
-from tests.oracle.tables import commit_info, latest_version, make_delta_table, table_ref
+from tests.oracle.sql_cases import sql_copies, sql_rows
+from tests.oracle.tables import commit_info, latest_version
 
 UPSERT_STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 MAP_OF_STRUCTS = "id BIGINT, m MAP<STRING, STRUCT<a: INT, b: INT>>"
@@ -140,29 +139,18 @@ CASES: dict[str, tuple[str, str, str, str, bool, str]] = {
 }
 
 
-def _rows(delta_spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:
-    return sorted((tuple(r) for r in delta_spark.sql(f"SELECT * FROM {table_ref(path)}").collect()), key=str)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_nested_structs_are_assigned_as_delta_assigns_them(
     spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: str
 ) -> None:
     target_ddl, target_rows, source_ddl, source_rows, evolution, clauses = CASES[case]
-    ours = tmp_path / "ours"
-    make_delta_table(delta_spark, ours, target_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {target_rows}"])
-    source = make_delta_table(
-        delta_spark, tmp_path / "source", source_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {source_rows}"]
+    copies = sql_copies(
+        delta_spark, tmp_path, (target_ddl, target_rows), (source_ddl, source_rows), clauses, schema_evolution=evolution
     )
-    theirs = tmp_path / "theirs"
-    shutil.copytree(ours, theirs)
-    statement = (
-        f"MERGE {'WITH SCHEMA EVOLUTION ' if evolution else ''}INTO {{target}} AS t USING {table_ref(source)} AS s "
-        f"ON t.id = s.id {clauses}"
-    )
-    run_merge(spark, parse_merge_sql(statement.format(target=table_ref(ours))))
-    delta_spark.sql(statement.format(target=table_ref(theirs))).collect()
-    assert _rows(delta_spark, ours) == _rows(delta_spark, theirs)
+    ours, theirs = copies.ours, copies.theirs
+    run_merge(spark, parse_merge_sql(copies.merge_sql(ours)))
+    delta_spark.sql(copies.merge_sql(theirs)).collect()
+    assert sql_rows(delta_spark, ours) == sql_rows(delta_spark, theirs)
     ours_schema = delta_spark.read.format("delta").load(str(ours)).schema
     assert ours_schema == delta_spark.read.format("delta").load(str(theirs)).schema
     # Each clause's actionType in the commit is Delta's: a star clause's is update or insert.

@@ -7,9 +7,7 @@ classes ``DELTA_ERROR_CLASSES`` pairs) and leave their table as it was."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.errors import PySparkException
@@ -17,7 +15,8 @@ from pyspark.sql import SparkSession
 
 from engine import parse_merge_sql, run_merge
 from engine.errors import DataCastError
-from tests.oracle.tables import latest_version, make_delta_table, table_ref
+from tests.oracle.sql_cases import sql_copies, sql_rows
+from tests.oracle.tables import latest_version
 
 STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 DELTA_ERROR_CLASSES = {
@@ -235,36 +234,25 @@ CASES: dict[str, tuple[str, str, str, str, bool, str, str | None]] = {
 }
 
 
-def _rows(delta_spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:
-    return sorted((tuple(r) for r in delta_spark.sql(f"SELECT * FROM {table_ref(path)}").collect()), key=str)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_source_values_are_stored_as_delta_stores_them(
     spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: str
 ) -> None:
     target_ddl, target_rows, source_ddl, source_rows, evolution, clauses, error_class = CASES[case]
-    ours = tmp_path / "ours"
-    make_delta_table(delta_spark, ours, target_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {target_rows}"])
-    source = make_delta_table(
-        delta_spark, tmp_path / "source", source_ddl, then_sql=[f"INSERT INTO {{table}} VALUES {source_rows}"]
+    copies = sql_copies(
+        delta_spark, tmp_path, (target_ddl, target_rows), (source_ddl, source_rows), clauses, schema_evolution=evolution
     )
-    theirs = tmp_path / "theirs"
-    shutil.copytree(ours, theirs)
+    ours, theirs = copies.ours, copies.theirs
     start = latest_version(ours)
-    statement = (
-        f"MERGE {'WITH SCHEMA EVOLUTION ' if evolution else ''}INTO {{target}} AS t USING {table_ref(source)} AS s "
-        f"ON t.id = s.id {clauses}"
-    )
     if error_class is None:
-        run_merge(spark, parse_merge_sql(statement.format(target=table_ref(ours))))
-        delta_spark.sql(statement.format(target=table_ref(theirs))).collect()
-        assert _rows(delta_spark, ours) == _rows(delta_spark, theirs)
+        run_merge(spark, parse_merge_sql(copies.merge_sql(ours)))
+        delta_spark.sql(copies.merge_sql(theirs)).collect()
+        assert sql_rows(delta_spark, ours) == sql_rows(delta_spark, theirs)
         schema = delta_spark.read.format("delta").load(str(ours)).schema
         assert schema == delta_spark.read.format("delta").load(str(theirs)).schema
         return
     with pytest.raises(DataCastError, match=error_class):
-        run_merge(spark, parse_merge_sql(statement.format(target=table_ref(ours))))
+        run_merge(spark, parse_merge_sql(copies.merge_sql(ours)))
     with pytest.raises(PySparkException, match=DELTA_ERROR_CLASSES.get(error_class, error_class)):
-        delta_spark.sql(statement.format(target=table_ref(theirs))).collect()
+        delta_spark.sql(copies.merge_sql(theirs)).collect()
     assert latest_version(ours) == latest_version(theirs) == start
