@@ -74,6 +74,41 @@ def test_hand_cases_match_delta(
     assert_same(delta_spark, ours, theirs, target.column_names, cdf=configuration is not None)
 
 
+JOIN_CONDITIONS = {
+    "never": "1 = 0",
+    "range": "t.id < s.id AND t.id >= s.id - 1",
+    "or": "t.id = s.id OR t.v = lower(s.v)",
+    "target-only conjunct": "t.id = s.id AND t.n > 15",
+    "source-only conjunct": "t.id = s.id AND s.n > 250",
+    "null-safe": "t.n <=> s.n",
+    "expression key": "t.id + 1 = s.id",
+    "coalesced key": "coalesce(t.n, 0) = coalesce(s.n, 0)",
+}
+JOIN_CLAUSES = {
+    "upsert": [clause("matched", "update", None, v="s.v"), clause("notMatched", "insert_all")],
+    "delete, insert, not matched by source": [
+        clause("matched", "delete"),
+        clause("notMatched", "insert_all"),
+        clause("notMatchedBySource", "update", None, v="'gone'"),
+    ],
+}
+
+
+@pytest.mark.parametrize("clauses", list(JOIN_CLAUSES))
+@pytest.mark.parametrize("on", list(JOIN_CONDITIONS))
+def test_join_conditions_beyond_key_equality_match_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, on: str, clauses: str
+) -> None:
+    """ON clauses no key join serves (a range, OR, expressions of keys) or that skipping and the key plans must
+    read right (one-sided conjuncts, ``<=>``, a condition that never holds), on a table with deletion vectors and
+    Change Data Feed."""
+    configuration = {"delta.enableDeletionVectors": "true", **CDF}
+    ours, theirs, src = prepare_copies(tmp_path, TARGET, SOURCE, configuration=configuration)
+    run_engine(spark, ours, src, JOIN_CONDITIONS[on], JOIN_CLAUSES[clauses], ())
+    run_delta(delta_spark, theirs, src, JOIN_CONDITIONS[on], JOIN_CLAUSES[clauses])
+    assert_same(delta_spark, ours, theirs, TARGET.column_names, cdf=True)
+
+
 _counter = itertools.count()
 
 
