@@ -21,7 +21,7 @@ from engine import DeleteAction, InsertAction, MergeClause, MergeResult, run_mer
 from engine.delta.feature_upgrade import add_features
 from engine.errors import MultipleMatchError
 from tests.engine.harness import make_spec, write_table
-from tests.oracle.tables import commit_info, latest_version, table_ref
+from tests.oracle.tables import commit_info, latest_version, make_delta_table, table_ref
 
 INTENDED_DIFFERENCES = frozenset(
     {
@@ -140,10 +140,35 @@ def prepare_copies(
     ours = write_table(tmp / "ours", target, partition_by=partition_by, configuration=configuration)
     if features:
         add_features(ours, features)
-    theirs = tmp / "theirs"
-    shutil.copytree(ours, theirs)
-    start = latest_version(ours)
-    return Side(ours, start_version=start), Side(theirs, start_version=start), write_table(tmp / "source", source)
+    return (*copy_sides(ours, tmp / "theirs"), write_table(tmp / "source", source))
+
+
+def copy_sides(original: Path, theirs: Path) -> tuple[Side, Side]:
+    """The table and a copy of its files at ``theirs``, both merges starting from its latest version."""
+    shutil.copytree(original, theirs)
+    start = latest_version(original)
+    return Side(original, start_version=start), Side(theirs, start_version=start)
+
+
+def delta_made_copies(
+    delta_spark: SparkSession,
+    tmp: Path,
+    ddl: str,
+    source: tuple[str, str],
+    *,
+    properties: dict[str, str] | None = None,
+    partitioned_by: Sequence[str] = (),
+    then_sql: Sequence[str] = (),
+) -> tuple[Side, Side, Path]:
+    """The target as Delta on Spark creates it (``ddl``, its properties and partition columns, then ``then_sql``
+    with ``{table}`` for it), copied; the source Delta creates beside them from ``(DDL, VALUES rows)``."""
+    ours = make_delta_table(
+        delta_spark, tmp / "ours", ddl, properties=properties, partitioned_by=partitioned_by, then_sql=then_sql
+    )
+    source_path = make_delta_table(
+        delta_spark, tmp / "source", source[0], then_sql=[f"INSERT INTO {{table}} VALUES {source[1]}"]
+    )
+    return (*copy_sides(ours, tmp / "theirs"), source_path)
 
 
 def delta_rows(delta_spark: SparkSession, path: Path, columns: Sequence[str]) -> list[tuple[Any, ...]]:

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
 
-from tests.oracle.tables import make_delta_table, table_ref
+from tests.oracle.differential import delta_made_copies
+from tests.oracle.tables import table_ref
 
 
 @dataclass(frozen=True)
@@ -35,18 +35,14 @@ def sql_copies(
 ) -> SqlCopies:
     """Two copies of a target Delta made (``(DDL, VALUES rows)``), a source beside them, and the MERGE of that source
     into either copy on ``t.id = s.id`` with ``clauses``."""
-    ours = tmp / "ours"
-    make_delta_table(delta_spark, ours, target[0], then_sql=[f"INSERT INTO {{table}} VALUES {target[1]}"])
-    source_path = make_delta_table(
-        delta_spark, tmp / "source", source[0], then_sql=[f"INSERT INTO {{table}} VALUES {source[1]}"]
+    ours, theirs, source_path = delta_made_copies(
+        delta_spark, tmp, target[0], source, then_sql=[f"INSERT INTO {{table}} VALUES {target[1]}"]
     )
-    theirs = tmp / "theirs"
-    shutil.copytree(ours, theirs)
     statement = (
         f"MERGE {'WITH SCHEMA EVOLUTION ' if schema_evolution else ''}INTO {{target}} AS t "
         f"USING {table_ref(source_path)} AS s ON t.id = s.id {clauses}"
     )
-    return SqlCopies(ours, theirs, statement)
+    return SqlCopies(ours.path, theirs.path, statement)
 
 
 def sql_rows(delta_spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:

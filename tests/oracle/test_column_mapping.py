@@ -6,7 +6,6 @@ PROTOCOL.md's writer rules, and Delta's MERGE, DELETE and OPTIMIZE run on the en
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,15 @@ from pyspark.sql import SparkSession
 
 from engine import MergeClause, UpdateAction, run_merge
 from tests.engine.harness import clause, upsert_all_spec, write_table
-from tests.oracle.differential import Side, assert_same, merge_sql, metric_differences, run_delta, run_engine
+from tests.oracle.differential import (
+    Side,
+    assert_same,
+    copy_sides,
+    merge_sql,
+    metric_differences,
+    run_delta,
+    run_engine,
+)
 from tests.oracle.tables import latest_version, log_actions, make_delta_table, table_ref
 
 DDL = "id BIGINT, v STRING, gone STRING, s STRUCT<a: INT, b: STRING>, p STRING"
@@ -83,9 +90,7 @@ def _rs_rows(path: Path, columns: Sequence[str] = COLUMNS) -> list[tuple[Any, ..
 
 
 def _copies(tmp: Path, original: Path) -> tuple[Side, Side, Path]:
-    theirs = tmp / "theirs"
-    shutil.copytree(original, theirs)
-    return Side(original), Side(theirs), write_table(tmp / "source", SOURCE)
+    return (*copy_sides(original, tmp / "theirs"), write_table(tmp / "source", SOURCE))
 
 
 def _schema(path: Path) -> dict[str, Any]:
@@ -282,14 +287,12 @@ def test_names_only_column_mapping_allows_merge_as_delta_does(
     if deletion_vectors:
         properties["delta.enableDeletionVectors"] = "true"
     rows = [(i, ["a b", "c=d", None][i % 3], i, f"v{i}", i / 2, i, i) for i in range(12)]
-    ours = Side(
+    ours, theirs = copy_sides(
         make_delta_table(
             delta_spark, tmp_path / "ours", ODD_NAMES_DDL, rows, properties=properties, partitioned_by=["`p q`"]
-        )
+        ),
+        tmp_path / "theirs",
     )
-    theirs = Side(tmp_path / "theirs")
-    shutil.copytree(ours.path, theirs.path)
-    ours.start_version = theirs.start_version = latest_version(ours.path)
     source_rows = [(i, ["a b", "new p", None][i % 3], i * 10, f"s{i}", 1.5, -i, 7) for i in range(6, 18)]
     source = make_delta_table(
         delta_spark, tmp_path / "source", ODD_NAMES_DDL, source_rows, properties={"delta.columnMapping.mode": "name"}

@@ -5,7 +5,6 @@ merges that break one fail on both sides and leave both tables as they were."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ from pyspark.sql import SparkSession
 from engine import InsertAction, MergeClause, UpdateAction
 from engine.errors import InvariantViolationError, MergeResolutionError, MergeServiceEngineError
 from tests.engine.harness import clause
-from tests.oracle.differential import Side, assert_same, run_delta, run_engine
-from tests.oracle.tables import latest_version, make_delta_table, table_ref
+from tests.oracle.differential import Side, assert_same, delta_made_copies, run_delta, run_engine
+from tests.oracle.tables import latest_version, table_ref
 
 DDL = (
     "id BIGINT NOT NULL, v STRING NOT NULL, amount INT, ts TIMESTAMP, "
@@ -38,10 +37,11 @@ SOURCE_ROWS = ", ".join(
 
 
 def _tables(delta_spark: SparkSession, tmp: Path, properties: dict[str, str]) -> tuple[Side, Side, Path]:
-    ours = make_delta_table(
+    return delta_made_copies(
         delta_spark,
-        tmp / "ours",
+        tmp,
         DDL,
+        (SOURCE_DDL, SOURCE_ROWS),
         properties={"delta.feature.allowColumnDefaults": "supported", **properties},
         partitioned_by=["d"],
         then_sql=[
@@ -49,13 +49,6 @@ def _tables(delta_spark: SparkSession, tmp: Path, properties: dict[str, str]) ->
             "ALTER TABLE {table} ADD CONSTRAINT positive CHECK (amount > 0 OR amount IS NULL)",
         ],
     )
-    theirs = tmp / "theirs"
-    shutil.copytree(ours, theirs)
-    start = latest_version(ours)
-    source = make_delta_table(
-        delta_spark, tmp / "source", SOURCE_DDL, then_sql=[f"INSERT INTO {{table}} VALUES {SOURCE_ROWS}"]
-    )
-    return Side(ours, start_version=start), Side(theirs, start_version=start), source
 
 
 PROPERTIES = {

@@ -6,15 +6,13 @@ deletion vectors, and Delta then merges into the engine's result."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from tests.engine.harness import clause
-from tests.oracle.differential import Side, assert_same, delta_rows, run_delta, run_engine
-from tests.oracle.tables import latest_version, make_delta_table
+from tests.oracle.differential import assert_same, delta_made_copies, delta_rows, run_delta, run_engine
 
 STRING_VALUES = ["NULL", "''", "'a/b'", "'a=b'", "'a%b'", "'ü ß'", "' x '", "'a:b'", "'[x] (y)'", "'a#b?c'"]
 TYPED_VALUES = [
@@ -52,19 +50,14 @@ def test_partition_values_are_written_as_delta_writes_them(
     """Updates move rows between partitions, inserts open new ones and deletes empty others."""
     ddl, partitioned_by, rows, source_rows = LAYOUTS[layout]
     properties = {"delta.enableDeletionVectors": "true"} if deletion_vectors else {}
-    original = make_delta_table(
+    ours, theirs, source = delta_made_copies(
         delta_spark,
-        tmp_path / "ours",
+        tmp_path,
         ddl,
+        (ddl, source_rows),
         properties=properties,
         partitioned_by=partitioned_by,
         then_sql=[f"INSERT INTO {{table}} VALUES {rows}"],
-    )
-    shutil.copytree(original, tmp_path / "theirs")
-    start = latest_version(original)
-    ours, theirs = Side(original, start_version=start), Side(tmp_path / "theirs", start_version=start)
-    source = make_delta_table(
-        delta_spark, tmp_path / "source", ddl, then_sql=[f"INSERT INTO {{table}} VALUES {source_rows}"]
     )
     run_engine(spark, ours, source, "t.id = s.id", CLAUSES)
     run_delta(delta_spark, theirs, source, "t.id = s.id", CLAUSES)
