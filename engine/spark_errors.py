@@ -15,6 +15,7 @@ from engine.errors import (
     StorageWriteError,
     spark_error_message,
 )
+from engine.store_assignment import CAST_OVERFLOW_MARKER
 
 
 def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
@@ -33,6 +34,9 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
     first = spark_error_message(exc)
     if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
         return MergeCancelledError("The merge was cancelled while Spark was running it.")
+    if CAST_OVERFLOW_MARKER in first:
+        raised = first[first.index(CAST_OVERFLOW_MARKER) - 1 :].split(" SQLSTATE: ")[0]
+        return DataCastError(f"A value does not fit the type it is cast, compared or assigned to (ANSI): {raised}")
     if any(
         k in condition
         for k in (

@@ -10,11 +10,18 @@ from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     BooleanType,
+    ByteType,
     DataType,
     DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
     MapType,
     NullType,
     NumericType,
+    ShortType,
     StringType,
     StructField,
     StructType,
@@ -25,6 +32,14 @@ from pyspark.sql.types import (
 from engine.delta.internal_columns import internal_column
 from engine.errors import MergeResolutionError
 from engine.expressions import quote_identifier
+
+CAST_OVERFLOW_MARKER = "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE"
+"""Delta's error class for a value too large for the column it is written to, which names the column."""
+
+_DIGITS_NEEDED: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 19}
+"""The integer digits an integral type's largest values have."""
+_DIGITS_HELD: dict[type[DataType], int] = {ByteType: 2, ShortType: 4, IntegerType: 9, LongType: 18}
+"""The integer digits every value of which an integral type holds."""
 
 
 def can_ansi_cast(source: DataType, target: DataType) -> bool:
@@ -211,6 +226,7 @@ def stored_columns(
                     f"column {f.name}",
                     allow_missing=schema_evolution or not check,
                     check=check,
+                    column=f.name if check else None,
                 )
             )
         )
@@ -226,9 +242,11 @@ def stored_sql(
     *,
     allow_missing: bool,
     check: bool = True,
+    column: str | None = None,
 ) -> str:
     """``text`` as a value of ``target`` (``what`` is the column or field it goes to): structs by name, the
-    rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off)."""
+    rest cast as Delta's MERGE casts them (``can_ansi_cast``; checked unless ``check`` is off). A value too large
+    for the top-level ``column`` fails with Delta's error, which names it."""
     if needs_struct_by_name(vtype, target):
         return struct_by_name(text, vtype, target, allow_missing=allow_missing, where=f"{where} {what}")
     if vtype == target:
@@ -239,4 +257,31 @@ def stored_sql(
             f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
             field=where,
         )
-    return f"CAST(({text}) AS {sql_type(target)})"
+    cast = f"CAST(({text}) AS {sql_type(target)})"
+    if column is None or not may_overflow(vtype, target):
+        return cast
+    # Spark's CAST_OVERFLOW names the value and the types; Delta's write names the column, and so does this check
+    # (try_cast is NULL for a non-NULL value only where the ANSI cast would overflow).
+    message = (
+        f'[{CAST_OVERFLOW_MARKER}] Failed to write a value of "{vtype.simpleString().upper()}" type into the '
+        f'"{target.simpleString().upper()}" type column {quote_identifier(column)} due to an overflow. Use '
+        "`try_cast` on the value to store NULL instead."
+    )
+    return (
+        f"CASE WHEN try_cast(({text}) AS {sql_type(target)}) IS NULL AND ({text}) IS NOT NULL "
+        f"THEN raise_error({sql_string(message)}) ELSE {cast} END"
+    )
+
+
+def may_overflow(source: DataType, target: DataType) -> bool:
+    """Whether the ANSI cast from one numeric type to another can fail on a value too large for ``target``; a
+    cast between other types fails on malformed input, not an overflow."""
+    if not isinstance(source, NumericType) or isinstance(target, (FloatType, DoubleType)):
+        return False
+    if not isinstance(target, NumericType):
+        return False
+    if isinstance(source, (FloatType, DoubleType)):
+        return True
+    held = target.precision - target.scale if isinstance(target, DecimalType) else _DIGITS_HELD[type(target)]
+    needed = source.precision - source.scale if isinstance(source, DecimalType) else _DIGITS_NEEDED[type(source)]
+    return needed > held

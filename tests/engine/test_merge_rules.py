@@ -53,7 +53,7 @@ def test_cast_overflow_fails_and_leaves_the_table(spark: SparkSession, tmp_path:
     target = write_table(tmp_path / "t", pa.table({"id": ids, "small": pa.array([1], pa.int8())}))
     source = write_table(tmp_path / "s", pa.table({"id": ids, "small": pa.array([300], pa.int64())}))
     before = files_under(target)
-    with pytest.raises(DataCastError):
+    with pytest.raises(DataCastError, match='"BIGINT" type into the "TINYINT" type column `small` due to an overflow'):
         run_merge(spark, make_spec(target, source, "t.id = s.id", [clause("matched", "update_all")]))
     unchanged(target, before)
 
