@@ -12,7 +12,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from engine.errors import MergeSpecError
-from engine.expressions import DIALECT, parse_query
+from engine.expressions import DIALECT, parse_expression, parse_query
 from engine.functions import ALLOWED_FUNCTIONS, BARE_FUNCTION_NAMES, REFUSED_FUNCTIONS, SYNTAX_BEFORE_PAREN
 from engine.spark_dialect import regenerate
 
@@ -63,6 +63,18 @@ def check_expression(node: exp.Expr, where: str, *, deterministic: bool) -> None
             raise MergeSpecError(
                 f"{where}: non-deterministic functions are not supported in a MERGE condition ({name}()).", field=where
             )
+
+
+def is_deterministic(text: str) -> bool:
+    """Whether every evaluation of the expression gives the same value for a row (False where it does not parse)."""
+    try:
+        node = parse_expression(text, "expression")
+    except MergeSpecError:
+        return False
+    return not any(
+        function_name(sub) in NONDETERMINISTIC_FUNCTIONS or isinstance(sub, (exp.Rand, exp.Randn))
+        for sub in node.walk()
+    )
 
 
 _STRING_TOKENS = frozenset(

@@ -31,6 +31,7 @@ from pyspark.sql.types import (
 
 from engine.delta.internal_columns import internal_column
 from engine.errors import MergeResolutionError
+from engine.expression_rules import is_deterministic
 from engine.expressions import quote_identifier
 
 CAST_OVERFLOW_MARKER = "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE"
@@ -258,10 +259,11 @@ def stored_sql(
             field=where,
         )
     cast = f"CAST(({text}) AS {sql_type(target)})"
-    if column is None or not may_overflow(vtype, target):
+    if column is None or not may_overflow(vtype, target) or not is_deterministic(text):
         return cast
     # Spark's CAST_OVERFLOW names the value and the types; Delta's write names the column, and so does this check
-    # (try_cast is NULL for a non-NULL value only where the ANSI cast would overflow).
+    # (try_cast is NULL for a non-NULL value only where the ANSI cast would overflow). It evaluates the value more
+    # than once, so a value that may differ between evaluations keeps Spark's check alone.
     message = (
         f'[{CAST_OVERFLOW_MARKER}] Failed to write a value of "{vtype.simpleString().upper()}" type into the '
         f'"{target.simpleString().upper()}" type column {quote_identifier(column)} due to an overflow. Use '

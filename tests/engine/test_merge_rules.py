@@ -58,6 +58,19 @@ def test_cast_overflow_fails_and_leaves_the_table(spark: SparkSession, tmp_path:
     unchanged(target, before)
 
 
+def test_a_random_value_too_large_fails_with_sparks_own_check(spark: SparkSession, tmp_path: Path) -> None:
+    """The check that names the column evaluates the value more than once: a value that differs between
+    evaluations keeps Spark's overflow check alone."""
+    ids = pa.array([1], pa.int64())
+    target = write_table(tmp_path / "t", pa.table({"id": ids, "small": pa.array([1], pa.int8())}))
+    source = write_table(tmp_path / "s", pa.table({"id": ids, "big": pa.array([300], pa.int64())}))
+    before = files_under(target)
+    random_value = clause("matched", "update", None, small="s.big * rand() + 1000")
+    with pytest.raises(DataCastError, match=r"\[CAST_OVERFLOW\].* to \"TINYINT\""):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", [random_value]))
+    unchanged(target, before)
+
+
 def test_assigned_values_take_ansi_casts_as_in_delta(spark: SparkSession, tmp_path: Path) -> None:
     """Delta's MERGE casts an assigned value with an ANSI ``Cast`` (UpdateExpressionsSupport.castIfNeeded):
     strings go into numbers and dates, and deltalake agrees; a value that does not parse fails the merge when
