@@ -286,4 +286,6 @@ def may_overflow(source: DataType, target: DataType) -> bool:
         return True
     held = target.precision - target.scale if isinstance(target, DecimalType) else _DIGITS_HELD[type(target)]
     needed = source.precision - source.scale if isinstance(source, DecimalType) else _DIGITS_NEEDED[type(source)]
+    if isinstance(source, DecimalType) and isinstance(target, DecimalType) and target.scale < source.scale:
+        needed += 1  # rounding to fewer decimals can carry into one more integer digit (999.99 to 1000)
     return needed > held

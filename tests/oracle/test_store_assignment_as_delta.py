@@ -100,6 +100,15 @@ CASES: dict[str, tuple[str, str, str, str, bool, str, str | None]] = {
         STAR,
         OVERFLOW,
     ),
+    "decimal rounded into one more integer digit": (
+        "id BIGINT, v DECIMAL(3,0)",
+        "(1, 1)",
+        "id BIGINT, v DECIMAL(5,2)",
+        "(1, 998.49), (2, 999.99)",
+        False,
+        STAR,
+        OVERFLOW,
+    ),
     "bigint into int, NULL and in range": (
         "id BIGINT, v INT",
         "(1, 1), (2, 2)",
