@@ -229,6 +229,14 @@ def grpc_status(exc: BaseException) -> tuple[str, str] | None:
     return found.group(1), details_found.group(1) if details_found else ""
 
 
+def raised_message(text: str, marker: str) -> str:
+    """The message an error raised on purpose (``[MARKER] ...``), out of the text of Spark's error: Spark wraps
+    it in its own class, state and stack trace, which say nothing to the caller."""
+    message = text[text.index(marker) - 1 :]
+    end = re.search(r"\s*SQLSTATE: \w+|\n\s*\n|\nJVM stacktrace:", message)
+    return message[: end.start()] if end else message
+
+
 def spark_error_message(exc: BaseException, limit: int = 1000) -> str:
     """One readable line for an error out of Spark Connect. A transport failure prints as grpc's multi-line
     repr, whose first line (``<_MultiThreadedRendezvous of RPC that terminated with:``) says nothing: its status

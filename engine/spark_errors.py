@@ -13,6 +13,7 @@ from engine.errors import (
     MergeServiceEngineError,
     SparkUnavailableError,
     StorageWriteError,
+    raised_message,
     spark_error_message,
 )
 from engine.store_assignment import CAST_OVERFLOW_MARKER
@@ -35,7 +36,7 @@ def translate_spark_error(exc: PySparkException) -> MergeServiceEngineError:
     if "OPERATION_CANCELED" in condition or "OPERATION_CANCELED" in text[:300]:
         return MergeCancelledError("The merge was cancelled while Spark was running it.")
     if CAST_OVERFLOW_MARKER in first:
-        raised = first[first.index(CAST_OVERFLOW_MARKER) - 1 :].split(" SQLSTATE: ")[0]
+        raised = raised_message(first, CAST_OVERFLOW_MARKER)
         return DataCastError(f"A value does not fit the type it is cast, compared or assigned to (ANSI): {raised}")
     if any(
         k in condition

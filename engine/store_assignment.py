@@ -258,7 +258,8 @@ def stored_sql(
             f"cannot cast {vtype.simpleString()} to {target.simpleString()} under ANSI store assignment.",
             field=where,
         )
-    cast = f"CAST(({text}) AS {sql_type(target)})"
+    stored_type = sql_type(target)
+    cast = f"CAST(({text}) AS {stored_type})"
     if column is None or not may_overflow(vtype, target) or not is_deterministic(text):
         return cast
     # Spark's CAST_OVERFLOW names the value and the types; Delta's write names the column, and so does this check
@@ -270,7 +271,7 @@ def stored_sql(
         "`try_cast` on the value to store NULL instead."
     )
     return (
-        f"CASE WHEN try_cast(({text}) AS {sql_type(target)}) IS NULL AND ({text}) IS NOT NULL "
+        f"CASE WHEN try_cast(({text}) AS {stored_type}) IS NULL AND ({text}) IS NOT NULL "
         f"THEN raise_error({sql_string(message)}) ELSE {cast} END"
     )
 
@@ -278,9 +279,9 @@ def stored_sql(
 def may_overflow(source: DataType, target: DataType) -> bool:
     """Whether the ANSI cast from one numeric type to another can fail on a value too large for ``target``; a
     cast between other types fails on malformed input, not an overflow."""
-    if not isinstance(source, NumericType) or isinstance(target, (FloatType, DoubleType)):
+    if not isinstance(source, NumericType) or not isinstance(target, NumericType):
         return False
-    if not isinstance(target, NumericType):
+    if isinstance(target, (FloatType, DoubleType)):
         return False
     if isinstance(source, (FloatType, DoubleType)):
         return True

@@ -37,6 +37,7 @@ from engine.delta.paths import encode_log_path, parse_partition_dir
 from engine.delta.snapshot import Snapshot
 from engine.delta.stats import stats_from_footer
 from engine.delta.values import field_at, normalize_partition_text, strip_nullability
+from engine.errors import raised_message
 
 CHANGE_DATA_DIR = "_change_data"
 CHANGE_TYPE_COL = "_change_type"
@@ -191,15 +192,8 @@ def _write(spark: SparkSession, df: DataFrame, out_dir: str, partition_columns: 
         text = str(exc)
         for marker in (NOT_NULL_MARKER, CHECK_MARKER, LENGTH_MARKER):
             if marker in text:
-                raise InvariantViolationError(_raised_message(text, marker)) from exc
+                raise InvariantViolationError(raised_message(text, marker)) from exc
         raise
-
-
-def _raised_message(text: str, marker: str) -> str:
-    """The message a violation raised, out of the text of Spark's error (its class and state cut off)."""
-    message = text[text.index(marker) - 1 :]
-    end = re.search(r"\s*SQLSTATE: \w+|\n\s*\n|\nJVM stacktrace:", message)
-    return message[: end.start()] if end else message
 
 
 def _list_written(

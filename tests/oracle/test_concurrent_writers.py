@@ -6,6 +6,7 @@ reads the engine's commit and refuses its commit, as it would a concurrent Delta
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -26,6 +27,8 @@ LAYOUTS = {
     "copy-on-write, partitioned": ({}, ["p"]),
     "deletion vectors": ({"delta.enableDeletionVectors": "true"}, []),
 }
+SERVER_TMP = Path("/tmp")
+"""The Delta server JVM's ``java.io.tmpdir``, where its MERGE's source leaves a marker as it starts sleeping."""
 DELTA_WRITES = {
     "delete of a row the merge updates": "DELETE FROM {t} WHERE id = 8",
     "update of a row the merge updates": "UPDATE {t} SET v = 'delta' WHERE id = 12",
@@ -105,17 +108,16 @@ def test_delta_refuses_to_commit_over_the_engines_merge(
     delta = threading.Thread(target=run_delta)
     delta.start()
     try:
-        started = Path("/tmp")
         for _ in range(600):
-            if any(started.glob(f"{marker}*")):
+            if any(SERVER_TMP.glob(f"{marker}*")):
                 break
-            threading.Event().wait(0.05)
-        assert any(started.glob(f"{marker}*")), "Delta's MERGE never reached its source"
+            time.sleep(0.05)
+        assert any(SERVER_TMP.glob(f"{marker}*")), "Delta's MERGE never reached its source"
         run_merge(spark, parse_merge_sql(_merge(target, source)))
         assert latest_version(target) == start + 1
     finally:
         delta.join()
-        for path in Path("/tmp").glob(f"{marker}*"):
+        for path in SERVER_TMP.glob(f"{marker}*"):
             path.unlink()
     assert delta_error and "DELTA_CONCURRENT_APPEND" in str(delta_error[0]), delta_error
     assert latest_version(target) == start + 1
