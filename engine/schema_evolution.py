@@ -12,7 +12,7 @@ from engine.delta.type_widening import is_schema_evolution_widening, widened_fie
 from engine.errors import MergeResolutionError, MergeSpecError, SchemaMismatchError
 from engine.expressions import quote_identifier
 from engine.spec import InsertAction, UpdateAction
-from engine.store_assignment import can_ansi_store_assign, needs_struct_by_name, sql_type, struct_by_name
+from engine.store_assignment import can_evolve_into, needs_struct_by_name, sql_type, struct_by_name
 from engine.validation import ParsedMerge, column_path
 
 
@@ -35,7 +35,7 @@ def evolved_schema(
     for f in evolving:
         index = position.get(f.name.lower())
         if index is None:
-            fields.append(StructField(f.name, f.dataType, True))
+            fields.append(StructField(f.name, f.dataType, True, carried_metadata(f)))
             new.append(f.name)
             continue
         existing = fields[index]
@@ -63,12 +63,19 @@ def evolved_schema(
                 )
             except MergeResolutionError as exc:
                 raise SchemaMismatchError(f"Failed to merge fields '{existing.name}' and '{f.name}'. {exc}") from None
-        elif target_type != f.dataType and not can_ansi_store_assign(f.dataType, target_type):
+        elif target_type != f.dataType and not can_evolve_into(f.dataType, target_type):
             raise SchemaMismatchError(
                 f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
                 f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
             )
     return fields, new, target_values
+
+
+def carried_metadata(field: StructField) -> dict[str, object]:
+    """The metadata a column schema evolution adds keeps from the source's: its comment, CHAR or VARCHAR type and
+    default, as Delta keeps them; the source table's own Delta keys (column mapping, generation expression,
+    identity, type changes) describe that table, not this one."""
+    return {k: v for k, v in (field.metadata or {}).items() if not k.startswith("delta.")}
 
 
 def _evolving_source_fields(
@@ -120,7 +127,11 @@ def evolved_type(existing: DataType, source: DataType) -> DataType | None:
             fields.append(f if merged is None else StructField(f.name, merged, f.nullable, f.metadata))
             changed = changed or merged is not None
         known = {f.name.lower() for f in existing.fields}
-        added = [StructField(f.name, f.dataType, True) for f in source.fields if f.name.lower() not in known]
+        added = [
+            StructField(f.name, f.dataType, True, carried_metadata(f))
+            for f in source.fields
+            if f.name.lower() not in known
+        ]
         return StructType(fields + added) if changed or added else None
     if isinstance(existing, ArrayType) and isinstance(source, ArrayType):
         element = evolved_type(existing.elementType, source.elementType)

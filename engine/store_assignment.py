@@ -75,28 +75,31 @@ def can_ansi_cast(source: DataType, target: DataType) -> bool:
     return False
 
 
-def can_ansi_store_assign(source: DataType, target: DataType) -> bool:
-    """Spark's ``Cast.canANSIStoreAssign``: the type changes schema evolution accepts for an existing column
-    (a stricter rule than the casts of assigned values)."""
+def can_evolve_into(source: DataType, target: DataType) -> bool:
+    """Whether schema evolution keeps an existing column of type ``target`` for a source column of type
+    ``source``, the values then stored as an assignment stores them. Delta merges the schemas with implicit
+    conversions (``SchemaMergingUtils.mergeSchemas`` with ``allowImplicitConversions``, Spark's
+    ``TypeCoercion.implicitCast``): numbers into numbers, any atomic value into a string, dates and timestamps
+    into each other, and a string into a number, a date, a timestamp or binary; never a boolean into anything
+    but a string."""
     if source == target or isinstance(source, NullType):
         return True
     if isinstance(source, NumericType) and isinstance(target, NumericType):
         return True
     if isinstance(target, StringType) and not isinstance(source, (ArrayType, MapType, StructType)):
         return True
-    if isinstance(source, (DateType, TimestampType, TimestampNTZType)) and isinstance(
-        target, (DateType, TimestampType, TimestampNTZType)
-    ):
+    datetimes = (DateType, TimestampType, TimestampNTZType)
+    if isinstance(source, datetimes) and isinstance(target, datetimes):
+        return True
+    if isinstance(source, StringType) and isinstance(target, (NumericType, BinaryType, *datetimes)):
         return True
     if isinstance(source, ArrayType) and isinstance(target, ArrayType):
-        return can_ansi_store_assign(source.elementType, target.elementType)
+        return can_evolve_into(source.elementType, target.elementType)
     if isinstance(source, MapType) and isinstance(target, MapType):
-        return can_ansi_store_assign(source.keyType, target.keyType) and can_ansi_store_assign(
-            source.valueType, target.valueType
-        )
+        return can_evolve_into(source.keyType, target.keyType) and can_evolve_into(source.valueType, target.valueType)
     if isinstance(source, StructType) and isinstance(target, StructType):
         return len(source.fields) == len(target.fields) and all(
-            can_ansi_store_assign(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
+            can_evolve_into(s.dataType, t.dataType) for s, t in zip(source.fields, target.fields, strict=True)
         )
     return False
 

@@ -99,13 +99,14 @@ def _renames_nested(dtype: T.DataType) -> bool:
 
 def logical_columns(schema: T.StructType) -> list[Column]:
     """Columns that turn rows read with the physical schema of ``schema`` back into its logical names: nested
-    struct fields are renamed by a cast, which matches struct fields by position."""
+    struct fields are renamed by a cast, which matches struct fields by position. Each keeps its field's metadata,
+    as a read of an unmapped table does."""
     columns = []
     for f in schema.fields:
         column = F.col(_quote(physical_name(f)))
         if _renames_nested(f.dataType):
             column = column.cast(strip_nullability(f.dataType))
-        columns.append(column.alias(f.name))
+        columns.append(column.alias(f.name, metadata=f.metadata or {}))
     return columns
 
 

@@ -138,9 +138,22 @@ def test_schema_evolution_adds_source_columns(spark: SparkSession, tmp_path: Pat
 
 def test_incompatible_schema_evolution_fails(spark: SparkSession, tmp_path: Path) -> None:
     target = write_table(tmp_path / "t", TARGET)
-    source = write_table(tmp_path / "s", SOURCE.set_column(2, "n", pa.array(["x", "y", "z"])))
+    source = write_table(tmp_path / "s", SOURCE.set_column(2, "n", pa.array([True, False, None])))
     before = files_under(target)
-    with pytest.raises(SchemaMismatchError, match="Failed to merge incompatible data types"):
+    with pytest.raises(SchemaMismatchError, match="Failed to merge incompatible data types bigint and boolean"):
+        run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
+    unchanged(target, before)
+
+
+def test_schema_evolution_keeps_a_number_column_for_strings_and_fails_on_one_that_is_no_number(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Delta merges the schemas with implicit conversions: the column stays INT and each string is cast as an
+    assignment casts it, so a string that is no number fails the merge."""
+    target = write_table(tmp_path / "t", TARGET)
+    source = write_table(tmp_path / "s", SOURCE.set_column(2, "n", pa.array(["7", "x", None])))
+    before = files_under(target)
+    with pytest.raises(DataCastError, match="CAST_INVALID_INPUT"):
         run_merge(spark, make_spec(target, source, "t.id = s.id", UPSERT, schema_evolution=True))
     unchanged(target, before)
 
