@@ -2,14 +2,13 @@
 Invariants", "CHECK Constraints" and "Generated Columns"; Delta's ``Constraints.getAll``): CHECK constraints in
 the table properties (``delta.constraints.<name>``), generated columns (which must equal their expression),
 legacy column invariants in the schema's field metadata (``delta.invariants``), and the length limits of
-CHAR/VARCHAR columns that Delta on Spark records as field metadata. Each is a Spark
+CHAR/VARCHAR columns, at any depth, that Delta on Spark records as field metadata. Each is a Spark
 SQL predicate over the table's columns; a row passes only when it is true (NULL fails, as in Delta).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from engine.delta.actions import Metadata
-from engine.delta.names import quote_path
+from engine.delta.names import quote_identifier, quote_path
 from engine.errors import UnsupportedTableFeatureError
 
 CHECK_PREFIX = "delta.constraints."
@@ -27,7 +26,6 @@ INVARIANTS_KEY = "delta.invariants"
 CHAR_VARCHAR_KEY = "__CHAR_VARCHAR_TYPE_STRING"
 GENERATION_KEY = "delta.generationExpression"
 CHAR_VARCHAR_CHECK_NAME = "__CHAR_VARCHAR_STRING_LENGTH_CHECK__"
-_LENGTH_TYPE = re.compile(r"^\s*(?:var)?char\s*\(\s*(\d+)\s*\)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -158,20 +156,61 @@ def _column_constraints(path: tuple[str, ...], meta: dict[str, Any], schema_json
     raw_type = meta.get(CHAR_VARCHAR_KEY)
     if raw_type is None:
         return constraints
-    length = _LENGTH_TYPE.match(str(raw_type))
-    if length is None:
+    try:
+        declared = exp.DataType.build(str(raw_type), dialect="spark")
+        checks = _length_checks(declared, quote_path(path), ".".join(path), depth=0)
+    except (SqlglotError, ValueError, TypeError, AttributeError, IndexError):
         raise UnsupportedTableFeatureError(
-            f"Column {'.'.join(path)!r} is {raw_type}: length limits of CHAR/VARCHAR inside nested types are "
-            "not supported"
-        )
-    column, limit, name = quote_path(path), int(length.group(1)), ".".join(path)
-    constraints.append(
-        Constraint(
-            "length",
-            CHAR_VARCHAR_CHECK_NAME,
-            f"{column} IS NULL OR length({column}) <= {limit}",
-            (path,),
-            f"(({name} IS NULL) OR (length({name}) <= {limit}))",
-        )
-    )
+            f"Column {'.'.join(path)!r} is {raw_type}: a CHAR/VARCHAR type this engine cannot read"
+        ) from None
+    for expression, shown in checks:
+        constraints.append(Constraint("length", CHAR_VARCHAR_CHECK_NAME, expression, (path,), shown))
     return constraints
+
+
+def _length_checks(declared: exp.DataType, value: str, shown: str, *, depth: int) -> list[tuple[str, str]]:
+    """(predicate, as Delta shows it) for each CHAR/VARCHAR length inside a declared type, as Delta's
+    ``CharVarcharConstraint`` builds them: one per string a struct holds, at any depth; one per array (and per map's
+    keys and values) whose elements hold any, every element checked with ``forall``."""
+    kind = declared.this
+    if kind in (exp.DataType.Type.CHAR, exp.DataType.Type.VARCHAR):
+        limit = int(declared.expressions[0].this.this)  # not a number: the caller refuses the column
+        return [
+            (f"({value} IS NULL OR length({value}) <= {limit})", f"(({shown} IS NULL) OR (length({shown}) <= {limit}))")
+        ]
+    if kind == exp.DataType.Type.STRUCT:
+        checks = []
+        for field in declared.expressions:
+            name = field.name
+            checks += _length_checks(
+                field.args["kind"],
+                f"{value}.{quote_identifier(name)}",
+                f"{shown}.{quote_identifier(name)}",
+                depth=depth,
+            )
+        return checks
+    if kind == exp.DataType.Type.ARRAY:
+        return _element_checks(declared.expressions[0], value, shown, depth=depth)
+    if kind == exp.DataType.Type.MAP:
+        key, item = declared.expressions
+        return _element_checks(key, f"map_keys({value})", f"map_keys({shown})", depth=depth) + _element_checks(
+            item, f"map_values({value})", f"map_values({shown})", depth=depth
+        )
+    return []
+
+
+def _element_checks(element: exp.DataType, array: str, shown: str, *, depth: int) -> list[tuple[str, str]]:
+    variable, named = f"__element{depth}", "namedlambdavariable()"
+    inner = _length_checks(element, variable, named, depth=depth + 1)
+    if not inner:
+        return []
+    body = " AND ".join(predicate for predicate, _ in inner)
+    shown_body = inner[0][1]
+    for _, more in inner[1:]:
+        shown_body = f"({shown_body} AND {more})"
+    return [
+        (
+            f"({array} IS NULL OR forall({array}, {variable} -> {body}))",
+            f"(({shown} IS NULL) OR forall({shown}, lambdafunction({shown_body}, {named})))",
+        )
+    ]

@@ -1,7 +1,7 @@
 """A column's rules on tables Delta on Spark created (generated columns, CHECK constraints, NOT NULL, CHAR and
-VARCHAR lengths, defaults): the engine's merges against Delta's own MERGE INTO on copies. Merges that keep every
-rule commit the same rows, generated values (a generated partition column among them), defaults and metrics;
-merges that break one fail on both sides and leave both tables as they were."""
+VARCHAR lengths, inside nested types too, defaults): the engine's merges against Delta's own MERGE INTO on copies.
+Merges that keep every rule commit the same rows, generated values (a generated partition column among them),
+defaults and metrics; merges that break one fail on both sides and leave both tables as they were."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from engine import InsertAction, MergeClause, UpdateAction
+from engine import InsertAction, MergeClause, UpdateAction, parse_merge_sql, run_merge
 from engine.errors import InvariantViolationError, MergeResolutionError, MergeServiceEngineError
 from tests.engine.harness import clause
 from tests.oracle.differential import Side, assert_same, delta_made_copies, run_delta, run_engine
+from tests.oracle.sql_cases import sql_copies, sql_rows
 from tests.oracle.tables import latest_version, table_ref
 
 DDL = (
@@ -193,3 +194,57 @@ def test_the_default_keyword_takes_the_columns_default_where_delta_refuses_it(
     got = delta_spark.read.format("delta").load(str(ours.path)).where("id IN (1, 2, 20, 21)").orderBy("id").collect()
     expected = [(1, "set", "c"), (2, "none", None), (20, "none", None), (21, "none", None)]
     assert [(r.id, r.note, r.code) for r in got] == expected
+
+
+NESTED_DDL = (
+    "id BIGINT, s STRUCT<a: VARCHAR(2), b: INT>, arr ARRAY<VARCHAR(2)>, m MAP<STRING, VARCHAR(2)>, "
+    "c STRUCT<x: CHAR(3)>, ac ARRAY<CHAR(3)>"
+)
+NESTED_SOURCE_DDL = (
+    "id BIGINT, s STRUCT<a: STRING, b: INT>, arr ARRAY<STRING>, m MAP<STRING, STRING>, c STRUCT<x: STRING>, "
+    "ac ARRAY<STRING>"
+)
+NESTED_ROW = (
+    "({id}, named_struct('a', {a}, 'b', 1), array('x', {e}), map('k', {v}), named_struct('x', {x}), array({ae}))"
+)
+NESTED_FITTING = {"a": "'ab'", "e": "NULL", "v": "'yz'", "x": "'q'", "ae": "'r'"}
+NESTED_BREAKING = {
+    "struct field": ({"a": "'abc'"}, "((s.`a` IS NULL) OR (length(s.`a`) <= 2))"),
+    "array element": (
+        {"e": "'abc'"},
+        "((arr IS NULL) OR forall(arr, lambdafunction(((namedlambdavariable() IS NULL) OR "
+        "(length(namedlambdavariable()) <= 2)), namedlambdavariable())))",
+    ),
+    "map value": ({"v": "'abc'"}, "((map_values(m) IS NULL) OR forall(map_values(m), lambdafunction("),
+    "char in a struct": ({"x": "'abcd'"}, "((c.`x` IS NULL) OR (length(c.`x`) <= 3))"),
+    "char in an array": ({"ae": "'abcd'"}, "((ac IS NULL) OR forall(ac, lambdafunction("),
+}
+
+
+@pytest.mark.parametrize("name", [None, *NESTED_BREAKING], ids=["fitting", *NESTED_BREAKING])
+def test_char_and_varchar_lengths_inside_nested_types_hold_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, name: str | None
+) -> None:
+    """Delta checks every CHAR/VARCHAR inside structs, arrays and maps: a fitting merge commits the same rows on
+    both sides; a value too long fails both with Delta's error class and the same failed check."""
+    values, check = NESTED_BREAKING[name] if name is not None else ({}, None)
+    rows = ", ".join(NESTED_ROW.format(id=i, **{**NESTED_FITTING, **(values if i == 3 else {})}) for i in (1, 2, 3))
+    copies = sql_copies(
+        delta_spark,
+        tmp_path,
+        (NESTED_DDL, NESTED_ROW.format(id=1, **NESTED_FITTING)),
+        (NESTED_SOURCE_DDL, rows),
+        "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+    )
+    start = latest_version(copies.ours)
+    if check is None:
+        run_merge(spark, parse_merge_sql(copies.merge_sql(copies.ours)))
+        delta_spark.sql(copies.merge_sql(copies.theirs)).collect()
+        assert sql_rows(delta_spark, copies.ours) == sql_rows(delta_spark, copies.theirs)
+        return
+    with pytest.raises(InvariantViolationError, match=LENGTH) as ours_error:
+        run_merge(spark, parse_merge_sql(copies.merge_sql(copies.ours)))
+    with pytest.raises(PySparkException, match=LENGTH) as theirs_error:
+        delta_spark.sql(copies.merge_sql(copies.theirs)).collect()
+    assert f"Failed check: {check}" in str(ours_error.value) and f"Failed check: {check}" in str(theirs_error.value)
+    assert latest_version(copies.ours) == latest_version(copies.theirs) == start

@@ -107,6 +107,11 @@ ADDED: dict[str, tuple[str, dict[str, str] | None, str]] = {
     "comment": ("id BIGINT, v STRING, n INT COMMENT 'the n'", None, "(1, 'x', 10), (3, 'y', 30)"),
     "varchar": ("id BIGINT, v STRING, n VARCHAR(3)", None, "(1, 'x', 'ab'), (3, 'y', 'cde')"),
     "char": ("id BIGINT, v STRING, n CHAR(4)", None, "(1, 'x', 'ab'), (3, 'y', 'cd')"),
+    "varchar in a struct": (
+        "id BIGINT, v STRING, n STRUCT<a: VARCHAR(2), b: INT>",
+        None,
+        "(1, 'x', named_struct('a', 'ab', 'b', 1)), (3, 'y', named_struct('a', 'c', 'b', 2))",
+    ),
     "default": (
         "id BIGINT, v STRING, n INT DEFAULT 5",
         {"delta.feature.allowColumnDefaults": "supported"},
@@ -181,7 +186,12 @@ def _schema_type(delta_spark: SparkSession, ddl_type: str) -> Any:
 def _logged_schema(path: Path) -> dict[str, Any]:
     """The table's schema as its last metadata action logs it, column mapping's per-writer keys left out."""
     metadata = [a["metaData"] for a in log_actions(path) if "metaData" in a][-1]
-    schema = json.loads(metadata["schemaString"])
-    for field in schema["fields"]:
-        field["metadata"] = {k: v for k, v in field.get("metadata", {}).items() if k not in MAPPING_KEYS}
-    return dict(schema)
+    return dict(_without_mapping_keys(json.loads(metadata["schemaString"])))
+
+
+def _without_mapping_keys(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_mapping_keys(v) for k, v in node.items() if k not in MAPPING_KEYS}
+    if isinstance(node, list):
+        return [_without_mapping_keys(v) for v in node]
+    return node
