@@ -5,7 +5,7 @@ is a schema mismatch."""
 
 from __future__ import annotations
 
-from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StructField, StructType
 from sqlglot import exp
 
 from engine.delta.type_widening import is_schema_evolution_widening, widened_field
@@ -35,7 +35,7 @@ def evolved_schema(
     for f in evolving:
         index = position.get(f.name.lower())
         if index is None:
-            fields.append(StructField(f.name, f.dataType, True, carried_metadata(f)))
+            fields.append(StructField(f.name, as_nullable(f.dataType), True, carried_metadata(f)))
             new.append(f.name)
             continue
         existing = fields[index]
@@ -68,7 +68,38 @@ def evolved_schema(
                 f"Failed to merge fields '{existing.name}' and '{f.name}'. Failed to merge incompatible data "
                 f"types {existing.dataType.simpleString()} and {f.dataType.simpleString()}"
             )
+    for f in fields:
+        _refuse_null_type_inside(f.dataType, f.name)
     return fields, new, target_values
+
+
+def _refuse_null_type_inside(dtype: DataType, path: str, inside: str | None = None) -> None:
+    """Delta writes no NULL type inside an array or a map (a VOID column, or struct field, it does)."""
+    if isinstance(dtype, NullType) and inside is not None:
+        raise SchemaMismatchError(
+            f"[DELTA_COMPLEX_TYPE_COLUMN_CONTAINS_NULL_TYPE] Found nested NullType in column {path} which is of "
+            f"{inside}. Delta doesn't support writing NullType in complex types."
+        )
+    if isinstance(dtype, StructType):
+        for f in dtype.fields:
+            _refuse_null_type_inside(f.dataType, f"{path}.{f.name}", inside)
+    elif isinstance(dtype, ArrayType):
+        _refuse_null_type_inside(dtype.elementType, path, "ArrayType")
+    elif isinstance(dtype, MapType):
+        _refuse_null_type_inside(dtype.keyType, path, "MapType")
+        _refuse_null_type_inside(dtype.valueType, path, "MapType")
+
+
+def as_nullable(dtype: DataType) -> DataType:
+    """The type with every field, element and value nullable, metadata kept: what Delta makes of a source type it
+    adds to the table."""
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, as_nullable(f.dataType), True, f.metadata) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return ArrayType(as_nullable(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(as_nullable(dtype.keyType), as_nullable(dtype.valueType), True)
+    return dtype
 
 
 def carried_metadata(field: StructField) -> dict[str, object]:
@@ -128,7 +159,7 @@ def evolved_type(existing: DataType, source: DataType) -> DataType | None:
             changed = changed or merged is not None
         known = {f.name.lower() for f in existing.fields}
         added = [
-            StructField(f.name, f.dataType, True, carried_metadata(f))
+            StructField(f.name, as_nullable(f.dataType), True, carried_metadata(f))
             for f in source.fields
             if f.name.lower() not in known
         ]

@@ -2,7 +2,8 @@
 existing column takes (Delta merges the schemas with Spark's implicit conversions: a string into a number, a date,
 a timestamp or binary, the column keeping its type) and which it refuses (a boolean or binary into a number); and
 what a column the merge adds keeps of the source column's metadata (its comment, CHAR or VARCHAR type and default,
-none of the source table's own Delta keys)."""
+none of the source table's own Delta keys) and of its type (every field nullable; no NULL type inside an array or
+a map)."""
 
 from __future__ import annotations
 
@@ -195,3 +196,47 @@ def _without_mapping_keys(node: Any) -> Any:
     if isinstance(node, list):
         return [_without_mapping_keys(v) for v in node]
     return node
+
+
+# A query as the source: (its SELECT, Delta's error class or None)
+QUERIES: dict[str, tuple[str, str | None]] = {
+    "a NULL column": ("SELECT 1L AS id, 'x' AS v, NULL AS n UNION ALL SELECT 3L, 'y', NULL", None),
+    "a struct of a literal and a NULL": ("SELECT 1L AS id, 'x' AS v, named_struct('a', 1, 'b', NULL) AS n", None),
+    "an array of NULLs": (
+        "SELECT 3L AS id, 'x' AS v, array(NULL) AS n",
+        "DELTA_COMPLEX_TYPE_COLUMN_CONTAINS_NULL_TYPE",
+    ),
+    "a map to NULLs": (
+        "SELECT 3L AS id, 'x' AS v, map('k', NULL) AS n",
+        "DELTA_COMPLEX_TYPE_COLUMN_CONTAINS_NULL_TYPE",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(QUERIES))
+def test_a_column_added_from_a_query_has_the_type_delta_gives_it(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, case: str
+) -> None:
+    """Every field of an added type is nullable, as Delta makes it (a literal's struct field is not, in the query);
+    a NULL type is written as a column or a struct field, never inside an array or a map."""
+    query, error_class = QUERIES[case]
+    target = make_delta_table(
+        delta_spark,
+        tmp_path / "ours",
+        "id BIGINT, v STRING",
+        then_sql=["INSERT INTO {table} VALUES (1, 'a'), (2, 'b')"],
+    )
+    ours, theirs = (side.path for side in copy_sides(target, tmp_path / "theirs"))
+    merge = f"MERGE WITH SCHEMA EVOLUTION INTO {{t}} AS t USING ({query}) AS s ON t.id = s.id {STAR}"
+    if error_class is None:
+        run_merge(spark, parse_merge_sql(merge.format(t=table_ref(ours))))
+        delta_spark.sql(merge.format(t=table_ref(theirs))).collect()
+        assert _logged_schema(ours) == _logged_schema(theirs)
+        assert sql_rows(delta_spark, ours) == sql_rows(delta_spark, theirs)
+        return
+    start = latest_version(ours)
+    with pytest.raises(SchemaMismatchError, match=error_class):
+        run_merge(spark, parse_merge_sql(merge.format(t=table_ref(ours))))
+    with pytest.raises(PySparkException, match=error_class):
+        delta_spark.sql(merge.format(t=table_ref(theirs))).collect()
+    assert latest_version(ours) == latest_version(theirs) == start
