@@ -9,6 +9,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, NullType, StructFiel
 from sqlglot import exp
 
 from engine.delta.type_widening import is_schema_evolution_widening, widened_field
+from engine.delta.values import strip_nullability
 from engine.errors import MergeResolutionError, MergeSpecError, SchemaMismatchError
 from engine.expressions import quote_identifier
 from engine.spec import InsertAction, UpdateAction
@@ -35,7 +36,9 @@ def evolved_schema(
     for f in evolving:
         index = position.get(f.name.lower())
         if index is None:
-            fields.append(StructField(f.name, as_nullable(f.dataType), True, carried_metadata(f)))
+            fields.append(
+                StructField(f.name, strip_nullability(f.dataType, keep_metadata=True), True, _carried_metadata(f))
+            )
             new.append(f.name)
             continue
         existing = fields[index]
@@ -90,19 +93,7 @@ def _refuse_null_type_inside(dtype: DataType, path: str, inside: str | None = No
         _refuse_null_type_inside(dtype.valueType, path, "MapType")
 
 
-def as_nullable(dtype: DataType) -> DataType:
-    """The type with every field, element and value nullable, metadata kept: what Delta makes of a source type it
-    adds to the table."""
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, as_nullable(f.dataType), True, f.metadata) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(as_nullable(dtype.elementType), True)
-    if isinstance(dtype, MapType):
-        return MapType(as_nullable(dtype.keyType), as_nullable(dtype.valueType), True)
-    return dtype
-
-
-def carried_metadata(field: StructField) -> dict[str, object]:
+def _carried_metadata(field: StructField) -> dict[str, object]:
     """The metadata a column schema evolution adds keeps from the source's: its comment, CHAR or VARCHAR type and
     default, as Delta keeps them; the source table's own Delta keys (column mapping, generation expression,
     identity, type changes) describe that table, not this one."""
@@ -159,7 +150,7 @@ def evolved_type(existing: DataType, source: DataType) -> DataType | None:
             changed = changed or merged is not None
         known = {f.name.lower() for f in existing.fields}
         added = [
-            StructField(f.name, as_nullable(f.dataType), True, carried_metadata(f))
+            StructField(f.name, strip_nullability(f.dataType, keep_metadata=True), True, _carried_metadata(f))
             for f in source.fields
             if f.name.lower() not in known
         ]

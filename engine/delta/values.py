@@ -57,14 +57,24 @@ def is_skipping_eligible(dtype: T.DataType) -> bool:
     )
 
 
-def strip_nullability(dtype: T.DataType) -> T.DataType:
-    """The type with every nullability flag and field metadata dropped, for comparing writes to the table."""
+def strip_nullability(dtype: T.DataType, keep_metadata: bool = False) -> T.DataType:
+    """The type with every field, element and value nullable: for comparing writes to the table (metadata
+    dropped), or, metadata kept, for a type a schema evolution adds to the table, which Delta adds nullable."""
+
+    def strip(inner: T.DataType) -> T.DataType:
+        return strip_nullability(inner, keep_metadata)
+
     if isinstance(dtype, T.StructType):
-        return T.StructType([T.StructField(f.name, strip_nullability(f.dataType), True) for f in dtype.fields])
+        return T.StructType(
+            [
+                T.StructField(f.name, strip(f.dataType), True, f.metadata if keep_metadata else None)
+                for f in dtype.fields
+            ]
+        )
     if isinstance(dtype, T.ArrayType):
-        return T.ArrayType(strip_nullability(dtype.elementType), True)
+        return T.ArrayType(strip(dtype.elementType), True)
     if isinstance(dtype, T.MapType):
-        return T.MapType(strip_nullability(dtype.keyType), strip_nullability(dtype.valueType), True)
+        return T.MapType(strip(dtype.keyType), strip(dtype.valueType), True)
     return dtype
 
 
