@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from engine import parse_merge_sql, run_merge
 from tests.oracle.differential import delta_made_copies
-from tests.oracle.tables import table_ref
+from tests.oracle.tables import latest_version, table_ref
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,30 @@ class SqlCopies:
 
     def merge_sql(self, target: Path) -> str:
         return self.statement.format(target=table_ref(target))
+
+    def merged_alike(self, spark: SparkSession, delta_spark: SparkSession) -> None:
+        """Merge ours with the engine and theirs with Delta; both then hold the same rows."""
+        run_merge(spark, parse_merge_sql(self.merge_sql(self.ours)))
+        delta_spark.sql(self.merge_sql(self.theirs)).collect()
+        assert sql_rows(delta_spark, self.ours) == sql_rows(delta_spark, self.theirs)
+
+    def refused_alike(
+        self,
+        spark: SparkSession,
+        delta_spark: SparkSession,
+        error: type[Exception],
+        match: str,
+        delta_match: str | None = None,
+    ) -> tuple[str, str]:
+        """Both merges fail, ours with ``error`` matching ``match``, Delta's matching ``delta_match`` (else
+        ``match``), and neither table moves from the version it started at; the two messages, ours first."""
+        start = latest_version(self.ours)
+        with pytest.raises(error, match=match) as ours_error:
+            run_merge(spark, parse_merge_sql(self.merge_sql(self.ours)))
+        with pytest.raises(PySparkException, match=delta_match or match) as theirs_error:
+            delta_spark.sql(self.merge_sql(self.theirs)).collect()
+        assert latest_version(self.ours) == latest_version(self.theirs) == start
+        return str(ours_error.value), str(theirs_error.value)
 
 
 def sql_copies(

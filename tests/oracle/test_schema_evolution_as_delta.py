@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from engine import parse_merge_sql, run_merge
 from engine.errors import SchemaMismatchError
 from tests.oracle.differential import copy_sides
-from tests.oracle.sql_cases import sql_copies, sql_rows
-from tests.oracle.tables import latest_version, log_actions, make_delta_table, table_ref
+from tests.oracle.sql_cases import SqlCopies, sql_copies, sql_rows
+from tests.oracle.tables import log_actions, make_delta_table, table_ref
 
 STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 MAPPING_KEYS = ("delta.columnMapping.id", "delta.columnMapping.physicalName")
@@ -75,9 +74,7 @@ def test_an_existing_column_takes_what_delta_converts_implicitly(
         STAR,
         schema_evolution=True,
     )
-    run_merge(spark, parse_merge_sql(copies.merge_sql(copies.ours)))
-    delta_spark.sql(copies.merge_sql(copies.theirs)).collect()
-    assert sql_rows(delta_spark, copies.ours) == sql_rows(delta_spark, copies.theirs)
+    copies.merged_alike(spark, delta_spark)
     assert _logged_schema(copies.ours) == _logged_schema(copies.theirs)
     assert [f["type"] for f in _logged_schema(copies.ours)["fields"]][1] == _schema_type(delta_spark, target_type)
 
@@ -95,12 +92,9 @@ def test_a_type_delta_does_not_convert_implicitly_is_refused(
         STAR,
         schema_evolution=True,
     )
-    start = latest_version(copies.ours)
-    with pytest.raises(SchemaMismatchError, match="Failed to merge fields 'c' and 'c'"):
-        run_merge(spark, parse_merge_sql(copies.merge_sql(copies.ours)))
-    with pytest.raises(PySparkException, match="DELTA_FAILED_TO_MERGE_FIELDS"):
-        delta_spark.sql(copies.merge_sql(copies.theirs)).collect()
-    assert latest_version(copies.ours) == latest_version(copies.theirs) == start
+    copies.refused_alike(
+        spark, delta_spark, SchemaMismatchError, "Failed to merge fields 'c' and 'c'", "DELTA_FAILED_TO_MERGE_FIELDS"
+    )
 
 
 # (source DDL, its table properties, its rows (id, v, ...)): the new column n's metadata as Delta keeps it
@@ -227,16 +221,10 @@ def test_a_column_added_from_a_query_has_the_type_delta_gives_it(
         then_sql=["INSERT INTO {table} VALUES (1, 'a'), (2, 'b')"],
     )
     ours, theirs = (side.path for side in copy_sides(target, tmp_path / "theirs"))
-    merge = f"MERGE WITH SCHEMA EVOLUTION INTO {{t}} AS t USING ({query}) AS s ON t.id = s.id {STAR}"
+    merge = f"MERGE WITH SCHEMA EVOLUTION INTO {{target}} AS t USING ({query}) AS s ON t.id = s.id {STAR}"
+    copies = SqlCopies(ours, theirs, merge)
     if error_class is None:
-        run_merge(spark, parse_merge_sql(merge.format(t=table_ref(ours))))
-        delta_spark.sql(merge.format(t=table_ref(theirs))).collect()
+        copies.merged_alike(spark, delta_spark)
         assert _logged_schema(ours) == _logged_schema(theirs)
-        assert sql_rows(delta_spark, ours) == sql_rows(delta_spark, theirs)
         return
-    start = latest_version(ours)
-    with pytest.raises(SchemaMismatchError, match=error_class):
-        run_merge(spark, parse_merge_sql(merge.format(t=table_ref(ours))))
-    with pytest.raises(PySparkException, match=error_class):
-        delta_spark.sql(merge.format(t=table_ref(theirs))).collect()
-    assert latest_version(ours) == latest_version(theirs) == start
+    copies.refused_alike(spark, delta_spark, SchemaMismatchError, error_class)

@@ -11,13 +11,10 @@ import re
 from pathlib import Path
 
 import pytest
-from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from engine import parse_merge_sql, run_merge
 from engine.errors import DataCastError
-from tests.oracle.sql_cases import sql_copies, sql_rows
-from tests.oracle.tables import latest_version
+from tests.oracle.sql_cases import sql_copies
 
 STAR = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 OVERFLOW = "DELTA_CAST_OVERFLOW_IN_TABLE_WRITE"
@@ -295,19 +292,12 @@ def test_source_values_are_stored_as_delta_stores_them(
         delta_spark, tmp_path, (target_ddl, target_rows), (source_ddl, source_rows), clauses, schema_evolution=evolution
     )
     ours, theirs = copies.ours, copies.theirs
-    start = latest_version(ours)
     if error_class is None:
-        run_merge(spark, parse_merge_sql(copies.merge_sql(ours)))
-        delta_spark.sql(copies.merge_sql(theirs)).collect()
-        assert sql_rows(delta_spark, ours) == sql_rows(delta_spark, theirs)
+        copies.merged_alike(spark, delta_spark)
         schema = delta_spark.read.format("delta").load(str(ours)).schema
         assert schema == delta_spark.read.format("delta").load(str(theirs)).schema
         return
-    with pytest.raises(DataCastError, match=error_class) as ours_error:
-        run_merge(spark, parse_merge_sql(copies.merge_sql(ours)))
-    with pytest.raises(PySparkException, match=error_class) as theirs_error:
-        delta_spark.sql(copies.merge_sql(theirs)).collect()
-    assert latest_version(ours) == latest_version(theirs) == start
+    ours_message, theirs_message = copies.refused_alike(spark, delta_spark, DataCastError, error_class)
     if error_class == OVERFLOW:
-        words = re.search(r"Failed to write .* due to an overflow\.", str(theirs_error.value))
-        assert words is not None and words.group(0) in str(ours_error.value)
+        words = re.search(r"Failed to write .* due to an overflow\.", theirs_message)
+        assert words is not None and words.group(0) in ours_message
