@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     )
     from engine.delta.skipping import FilePredicate, prune_files
     from engine.delta.snapshot import Snapshot, load_snapshot
+    from engine.delta.time_travel import TimeTravelError, check_version, version_at
     from engine.delta.transaction import CommitAction, Transaction
     from engine.delta.values import INTEGRAL_TYPES
     from engine.delta.write import (
@@ -89,6 +90,9 @@ _EXPORTS = {
     "prune_files": "engine.delta.skipping",
     "Snapshot": "engine.delta.snapshot",
     "load_snapshot": "engine.delta.snapshot",
+    "TimeTravelError": "engine.delta.time_travel",
+    "check_version": "engine.delta.time_travel",
+    "version_at": "engine.delta.time_travel",
     "CommitAction": "engine.delta.transaction",
     "Transaction": "engine.delta.transaction",
     "CHANGE_TYPE_COL": "engine.delta.write",
@@ -122,11 +126,13 @@ __all__ = [
     "RemoveFile",
     "SetTransaction",
     "Snapshot",
+    "TimeTravelError",
     "Transaction",
     "check_can_modify",
     "check_no_reserved_cdc_columns",
     "check_readable",
     "check_supported",
+    "check_version",
     "commit_info",
     "discard_write",
     "files_at_paths",
@@ -141,6 +147,7 @@ __all__ = [
     "scan_files",
     "scan_files_with_path",
     "target_partitions",
+    "version_at",
     "write_data_and_cdc_files",
     "write_data_files",
 ]

@@ -82,7 +82,7 @@ def _optional_int(value: Any) -> int | None:
 def _replay_log(root: str, version: int) -> _Replay:
     log_dir = os.path.join(root, "_delta_log")
     names = os.listdir(log_dir)
-    start, parts = _newest_checkpoint(names, version)
+    start, parts = newest_checkpoint(names, version)
     state = _Replay()
     for part in parts:
         _replay_checkpoint(os.path.join(log_dir, part), state)
@@ -96,26 +96,34 @@ def _replay_log(root: str, version: int) -> _Replay:
     return state
 
 
-def _newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
+def newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:
     """(version, part file names) of the newest complete checkpoint at or before ``version``: classic, multi-part
-    or UUID-named (a V2 checkpoint, PROTOCOL.md "UUID-named checkpoint")."""
+    or UUID-named (a V2 checkpoint, PROTOCOL.md "UUID-named checkpoint"); (-1, []) when there is none."""
+    found = {v: parts for v, parts in complete_checkpoints(names).items() if v <= version}
+    if not found:
+        return -1, []
+    best = max(found)
+    return best, found[best]
+
+
+def complete_checkpoints(names: list[str]) -> dict[int, list[str]]:
+    """The part file names of each version's complete checkpoint among the log's file ``names``: the classic or
+    multi-part checkpoint with the most parts, else a UUID-named one."""
     found: dict[tuple[int, int], list[str]] = {}
     for name in names:
         m = _CHECKPOINT_NAME.match(name)
-        if m and int(m.group(1)) <= version:
+        if m:
             found.setdefault((int(m.group(1)), int(m.group(3) or 1)), []).append(name)
-    complete = [(v, n) for (v, n), parts in found.items() if len(parts) == n]
-    uuid_named = sorted(
-        (int(m.group(1)), name)
-        for name in names
-        if (m := _UUID_CHECKPOINT_NAME.match(name)) and int(m.group(1)) <= version
-    )
-    if uuid_named and (not complete or uuid_named[-1][0] > max(complete)[0]):
-        return uuid_named[-1][0], [uuid_named[-1][1]]
-    if not complete:
-        return -1, []
-    best = max(complete)
-    return best[0], sorted(found[best])
+    complete: dict[int, list[str]] = {}
+    for (v, n), parts in sorted(found.items()):
+        if len(parts) == n:
+            complete[v] = sorted(parts)
+    uuid_named: dict[int, list[str]] = {}
+    for name in sorted(names):
+        m = _UUID_CHECKPOINT_NAME.match(name)
+        if m:
+            uuid_named[int(m.group(1))] = [name]
+    return uuid_named | complete
 
 
 def _replay_checkpoint(path: str, state: _Replay) -> None:
