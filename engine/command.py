@@ -35,7 +35,7 @@ from engine.merge_writes import write_merge, writes_deletion_vectors
 from engine.resolution import Resolver
 from engine.resolved import ResolvedMerge
 from engine.result import ALL_METRICS, COMMIT_METRICS, AppTransaction, MergeResult, Phase
-from engine.source import source_dataframe
+from engine.source import delta_source_snapshot, source_dataframe
 from engine.source_keys import SourceKeyRanges
 from engine.spark import local_checkpoint
 from engine.spark_errors import translate_spark_error
@@ -219,7 +219,7 @@ class MergeIntoCommand:
     def _source_snapshot(self) -> Snapshot:
         if self._source_snap is None:
             assert isinstance(self.spec.source, TableSource)
-            self._source_snap = delta.load_snapshot(self.spec.source.path, lake_roots=self.spec.lake_roots)
+            self._source_snap = delta_source_snapshot(self.spark, self.spec.source, self.spec.lake_roots)
         return self._source_snap
 
     def _source_rows_estimate(self) -> int | None:

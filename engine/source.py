@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from engine import delta
-from engine.delta import ReadScope
+from engine.delta import ReadScope, Snapshot
 from engine.errors import SourceError
 from engine.expression_rules import source_query_sql
 from engine.inline_rows import rows_to_arrow
@@ -24,7 +24,7 @@ GLOB_CHARACTERS = frozenset("*?[]{}\\")
 def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequence[str] = ()) -> DataFrame:
     """The source's rows; its files are read only from its own path and ``lake_roots``."""
     if source.format == "delta":
-        snapshot = delta.load_snapshot(source.path, lake_roots=lake_roots)
+        snapshot = delta_source_snapshot(spark, source, lake_roots)
         delta.check_readable(snapshot)
         return delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
     check_file_source_path(source.path, lake_roots)
@@ -41,6 +41,34 @@ def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequ
             f"source: cannot read {source.format} at {source.path}: {_first_line(exc)}", field="source"
         ) from None
     return df
+
+
+def delta_source_snapshot(spark: SparkSession, source: TableSource, lake_roots: Sequence[str] = ()) -> Snapshot:
+    """A Delta source's snapshot at the version its time travel names, else its latest."""
+    version, timestamp = source.time_travel()
+    try:
+        if timestamp is not None:
+            latest = delta.load_snapshot(source.path, lake_roots=lake_roots)
+            version = delta.version_at(latest, _timestamp_micros(spark, timestamp))
+            if version == latest.version:
+                return latest
+        elif version is not None:
+            delta.check_version(source.path, version)
+    except delta.TimeTravelError as exc:
+        raise SourceError(f"source.options: {exc}", field="options") from None
+    return delta.load_snapshot(source.path, version, lake_roots=lake_roots)
+
+
+def _timestamp_micros(spark: SparkSession, text: str) -> int:
+    """``timestampAsOf`` as Delta reads it: cast to a timestamp in the session's time zone."""
+    micros = spark.sql("SELECT unix_micros(try_cast(:text AS TIMESTAMP))", args={"text": text}).collect()[0][0]
+    if micros is None:
+        raise SourceError(
+            f"source.options: [DELTA_TIMESTAMP_INVALID] The provided timestamp ({text!r}) cannot be converted to a "
+            "valid timestamp.",
+            field="options",
+        )
+    return int(micros)
 
 
 def check_file_source_path(path: str, lake_roots: Sequence[str] = ()) -> None:

@@ -7,6 +7,7 @@ resolved against the tables when the merge runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -84,6 +85,10 @@ class MergeClause:
         return f"{head}{cond} THEN {action}"
 
 
+TIME_TRAVEL_OPTIONS = {"versionasof": "versionAsOf", "timestampasof": "timestampAsOf"}
+"""The reader options a Delta source takes, by their lower-case name (Spark's options ignore case)."""
+
+
 @dataclass(frozen=True)
 class TableSource:
     """Data under a lake root: a Delta table or files Spark reads directly."""
@@ -91,6 +96,40 @@ class TableSource:
     format: Literal["delta", "parquet", "json", "csv"]
     path: str
     options: Mapping[str, str] = field(default_factory=dict)
+
+    def time_travel(self, where: str = "source.options") -> tuple[int | None, str | None]:
+        """The version, or the timestamp, a Delta source is read at (Delta's ``versionAsOf`` and ``timestampAsOf``
+        reader options; neither: its latest version). Any other option is refused rather than ignored, as a
+        ``readChangeFeed`` Delta would honour must not read the table's rows instead."""
+        if self.format != "delta":
+            return None, None
+        chosen: dict[str, str] = {}
+        for key, value in self.options.items():
+            name = TIME_TRAVEL_OPTIONS.get(key.lower())
+            if name is None:
+                raise MergeSpecError(
+                    f"{where}: a Delta source takes only versionAsOf or timestampAsOf; {key!r} is not supported.",
+                    field=where,
+                )
+            if name in chosen:
+                raise MergeSpecError(f"{where}: {name} is given twice (option names ignore case).", field=where)
+            chosen[name] = value
+        if len(chosen) > 1:
+            raise MergeSpecError(
+                f"{where}: [DELTA_ONEOF_IN_TIMETRAVEL] Please either provide 'timestampAsOf' or 'versionAsOf' for "
+                "time travel.",
+                field=where,
+            )
+        if "versionAsOf" in chosen:
+            text = chosen["versionAsOf"].strip()
+            if not re.fullmatch(r"[+-]?\d{1,19}", text):
+                raise MergeSpecError(
+                    f"{where}: [DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE] versionAsOf needs to be a valid begin value; "
+                    f"got {chosen['versionAsOf']!r}.",
+                    field=where,
+                )
+            return int(text), None
+        return None, chosen.get("timestampAsOf")
 
 
 @dataclass(frozen=True)
@@ -190,6 +229,11 @@ class MergeSpec:
                 raise MergeSpecError("UPDATE SET * is not allowed in WHEN NOT MATCHED BY SOURCE clauses.")
             if clause.condition is not None and not clause.condition.strip():
                 raise MergeSpecError(f"Empty condition in {clause.describe()}.")
+        if isinstance(self.source, TableSource):
+            self.source.time_travel()
+        elif isinstance(self.source, QuerySource):
+            for relation in self.source.relations.values():
+                relation.time_travel("source.query")
         if self.target_alias.lower() == self.source_alias.lower():
             raise MergeSpecError(f"The target and source aliases must differ (both are {self.target_alias!r}).")
         if self.deletion_vectors not in ("auto", "off"):

@@ -38,9 +38,15 @@ expression is held to MAX_EXPRESSION_NESTING afterwards. Checked by a scan befor
 
 
 def _table_source(table: exp.Table, where: str) -> TableSource:
-    for arg, what in (("version", "time travel (VERSION/TIMESTAMP AS OF)"), ("sample", "TABLESAMPLE")):
-        if table.args.get(arg) is not None:
-            raise MergeSpecError(f"{where}: {what} is not supported; got {sql(table)!r}.", field=where)
+    if table.args.get("sample") is not None:
+        raise MergeSpecError(f"{where}: TABLESAMPLE is not supported; got {sql(table)!r}.", field=where)
+    travel = table.args.get("version")
+    if travel is not None and where == "MERGE INTO":
+        raise MergeSpecError(
+            f"{where}: a merge writes the table's latest version; time travel (VERSION/TIMESTAMP AS OF) reads "
+            f"sources only; got {sql(table)!r}.",
+            field=where,
+        )
     if not isinstance(table.this, exp.Identifier):
         raise MergeSpecError(
             f"{where}: table-valued functions ({sql(table.this)}) are not allowed; read tables by path, as "
@@ -53,7 +59,25 @@ def _table_source(table: exp.Table, where: str) -> TableSource:
             f"{where}: name tables by path, as delta.`/path` (or parquet., json., csv.); got {sql(table)!r}.",
             field=where,
         )
-    return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name)
+    options = _time_travel_options(travel, fmt, where) if travel is not None else {}
+    return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name, options=options)
+
+
+def _time_travel_options(travel: exp.Expr, fmt: str, where: str) -> dict[str, str]:
+    """``VERSION AS OF 3`` or ``TIMESTAMP AS OF '2024-01-01'`` on a Delta source, as its reader options; a
+    timestamp is a literal, read in the session's time zone as Delta reads it."""
+    kind = str(travel.this).upper()
+    value = travel.expression
+    if isinstance(value, exp.Cast) and value.to.is_type(*exp.DataType.TEMPORAL_TYPES):
+        value = value.this  # TIMESTAMP '2024-01-01 00:00:00'
+    if fmt != "delta":
+        raise MergeSpecError(f"{where}: time travel reads Delta tables only; got {sql(travel)!r}.", field=where)
+    if kind == "VERSION" and isinstance(value, exp.Literal):
+        return {"versionAsOf": str(value.this)}
+    if kind == "TIMESTAMP" and isinstance(value, exp.Literal) and value.is_string:
+        return {"timestampAsOf": str(value.this)}
+    expected = "a version number" if kind == "VERSION" else "a timestamp literal such as '2024-01-01 00:00:00'"
+    raise MergeSpecError(f"{where}: {kind} AS OF takes {expected}; got {sql(travel)!r}.", field=where)
 
 
 def _alias(node: exp.Expr, default: str) -> str:

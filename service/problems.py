@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 import engine.errors as engine_errors
+from engine.delta import TimeTravelError
 from engine.delta.deletion_vectors import DeletionVectorError
 from engine.delta.errors import (
     CommitRetriesExhaustedError,
@@ -92,6 +93,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     InvalidWriteError: "invalid-write",
     CorruptLogError: "corrupt-log",
     DeletionVectorError: "deletion-vector",
+    TimeTravelError: "time-travel",
     # Committing.
     engine_errors.CommitFailedError: "commit-failed",
     engine_errors.CommitStorageError: "storage-write",

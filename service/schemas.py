@@ -46,7 +46,8 @@ class TableSourceIn(_Strict):
     options: Annotated[dict[str, StrictStr | StrictBool | StrictInt | StrictFloat], AfterValidator(_option_texts)] = (
         Field(
             default_factory=dict,
-            description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings.",
+            description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings. A "
+            "Delta source takes only versionAsOf or timestampAsOf (Delta's time travel).",
         )
     )
 

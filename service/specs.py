@@ -174,7 +174,7 @@ class ValidExpressions:
     """Remembers the expression parts of specs that ``engine.validate_spec`` accepted, in their canonical form.
 
     That check reads only the aliases, the ON condition, the clauses, a source query and the names of its
-    relations (never the paths), and parsing their expressions with sqlglot is most of a submission's CPU;
+    relations, and the reader options of a table source and of each relation (never the paths), and parsing their expressions with sqlglot is most of a submission's CPU;
     integrations send the same few merges again and again. Only acceptance is remembered: a spec that fails is
     checked anew, so its 422 is unchanged. The memo lives in one process: a spec this process's engine has not
     checked is checked here before anything runs it.
@@ -191,10 +191,17 @@ class ValidExpressions:
             assignments = getattr(a, "set", None) or getattr(a, "values", None) or {}
             return type(a).__name__, getattr(a, "star", False), tuple(assignments.items())
 
-        query = spec.source if isinstance(spec.source, engine.QuerySource) else None
+        def table(t: Any) -> Hashable:
+            return t.format, tuple(t.options.items())
+
+        source = spec.source
+        if isinstance(source, engine.QuerySource):
+            read: Hashable = (source.query, tuple((name, table(r)) for name, r in source.relations.items()))
+        else:
+            read = table(source) if isinstance(source, engine.TableSource) else None
         return (
             spec.on,
-            None if query is None else (query.query, tuple(query.relations)),
+            read,
             spec.target_alias,
             spec.source_alias,
             spec.deletion_vectors,

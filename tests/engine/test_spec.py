@@ -20,6 +20,7 @@ from engine.merge_condition import KeyedOn, KeyEquality, MergeCondition, Sides
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
+DELETE = "WHEN MATCHED THEN DELETE"
 
 
 def spec(**kwargs: object) -> MergeSpec:
@@ -262,14 +263,19 @@ def test_a_clause_may_not_name_the_side_it_cannot_see() -> None:
         ("{P} WHEN MATCHED THEN UPDATE SET * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
         ("{P} WHEN NOT MATCHED THEN INSERT * EXCEPT (a)", r"'\* EXCEPT \(a\)' is not supported"),
         (
-            "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` VERSION AS OF 3 s ON t.id = s.id "
+            "MERGE INTO delta.`/lake/t` t USING parquet.`/lake/s` VERSION AS OF 3 s ON t.id = s.id "
             "WHEN MATCHED THEN DELETE",
-            r"USING: time travel",
+            r"USING: time travel reads Delta tables only",
         ),
         (
-            "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` TIMESTAMP AS OF '2024-01-01' s ON t.id = s.id "
-            "WHEN MATCHED THEN DELETE",
-            r"USING: time travel",
+            "MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` TIMESTAMP AS OF current_timestamp() s "
+            "ON t.id = s.id WHEN MATCHED THEN DELETE",
+            r"USING: TIMESTAMP AS OF takes a timestamp literal",
+        ),
+        (
+            "MERGE INTO delta.`/lake/t` t USING (SELECT * FROM delta.`/lake/s` VERSION AS OF -1) s "
+            "ON t.id = s.id WHEN MATCHED THEN DELETE",
+            r"VERSION AS OF takes a version number",
         ),
         (
             "MERGE INTO delta.`/lake/t` t USING (SELECT * FROM delta.`/lake/a` TABLESAMPLE (10 PERCENT)) s "
@@ -280,7 +286,7 @@ def test_a_clause_may_not_name_the_side_it_cannot_see() -> None:
         (
             "MERGE INTO delta.`/lake/t` VERSION AS OF 3 t USING delta.`/lake/s` s ON t.id = s.id "
             "WHEN MATCHED THEN DELETE",
-            r"MERGE INTO: time travel",
+            r"MERGE INTO: a merge writes the table's latest version; time travel .* reads sources only",
         ),
         ("MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s WHEN MATCHED THEN DELETE", r"MERGE needs USING and ON"),
     ],
@@ -291,6 +297,54 @@ def test_sql_that_would_change_meaning_is_refused(text: str, message: str) -> No
         validate_spec(
             parse_merge_sql(text.format(P="MERGE INTO delta.`/lake/t` t USING delta.`/lake/s` s ON t.id = s.id"))
         )
+
+
+@pytest.mark.parametrize(
+    ("using", "options"),
+    [
+        ("delta.`/lake/s` VERSION AS OF 3", {"versionAsOf": "3"}),
+        ("delta.`/lake/s` TIMESTAMP AS OF '2024-01-01 10:00:00'", {"timestampAsOf": "2024-01-01 10:00:00"}),
+        ("delta.`/lake/s` TIMESTAMP AS OF TIMESTAMP '2024-01-01'", {"timestampAsOf": "2024-01-01"}),
+        ("delta.`/lake/s` FOR VERSION AS OF 0", {"versionAsOf": "0"}),
+    ],
+)
+def test_time_travel_on_a_delta_source_becomes_its_reader_options(using: str, options: dict[str, str]) -> None:
+    """``VERSION AS OF`` and ``TIMESTAMP AS OF`` read the source as Delta's ``versionAsOf`` and ``timestampAsOf``
+    do, whether the source is the table itself or a table its query reads."""
+    direct = validate_spec(parse_merge_sql(f"MERGE INTO delta.`/lake/t` t USING {using} s ON t.id = s.id {DELETE}"))
+    assert isinstance(direct.source, TableSource) and dict(direct.source.options) == options
+    query = validate_spec(
+        parse_merge_sql(f"MERGE INTO delta.`/lake/t` t USING (SELECT * FROM {using}) s ON t.id = s.id {DELETE}")
+    )
+    assert isinstance(query.source, QuerySource)
+    assert [dict(r.options) for r in query.source.relations.values()] == [options]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"readChangeFeed": "true"}, r"source.options: a Delta source takes only versionAsOf or timestampAsOf; "),
+        ({"versionAsOf": "1", "timestampAsOf": "2024-01-01"}, r"\[DELTA_ONEOF_IN_TIMETRAVEL\]"),
+        ({"VERSIONASOF": "1", "versionasof": "2"}, r"versionAsOf is given twice \(option names ignore case\)"),
+        ({"versionAsOf": "1.5"}, r"\[DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE\] versionAsOf needs to be a valid"),
+        ({"versionAsOf": "x"}, r"\[DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE\]"),
+    ],
+)
+def test_a_delta_sources_options_are_checked_not_ignored(options: dict[str, str], message: str) -> None:
+    """An option a Delta source does not take is refused rather than ignored (``readChangeFeed`` would read
+    changes, not rows); time travel takes one version or one timestamp."""
+    with pytest.raises(MergeSpecError, match=message) as raised:
+        validate_spec(spec(source=TableSource("delta", "/lake/s", options), matched=(matched(DeleteAction()),)))
+    assert raised.value.field == "source.options"
+
+
+def test_options_of_file_sources_are_spark_reader_options() -> None:
+    validate_spec(
+        spec(
+            source=TableSource("csv", "/lake/s.csv", {"sep": ";", "versionAsOf": "1"}),
+            matched=(matched(DeleteAction()),),
+        )
+    )
 
 
 def test_a_source_query_may_define_its_own_names_with_with() -> None:
