@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.errors import MergeSpecError
-from engine.spec import DeletionVectorsMode, Source
+from engine.spec import DeletionVectorsMode, Source, TableSource
 
 START_AT = "__START_AT"
 """The sequence from which a row's values hold: SCD 1's current row and each SCD 2 version carry it."""
@@ -57,6 +57,8 @@ class AutoCdcSpec:
 
     def validate(self) -> AutoCdcSpec:
         """The rules that need no table: each a ``MergeSpecError`` naming its field."""
+        if isinstance(self.source, TableSource):
+            self.source.time_travel()
         if not self.keys:
             raise MergeSpecError("keys: at least one key column is needed.", field="keys")
         _distinct(self.keys, "keys")

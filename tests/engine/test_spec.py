@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import (
+    AutoCdcSpec,
     DeleteAction,
     InsertAction,
     MergeClause,
@@ -12,6 +15,7 @@ from engine import (
     RowsSource,
     UpdateAction,
     parse_merge_sql,
+    validate_auto_cdc,
     validate_spec,
 )
 from engine.errors import MergeResolutionError, MergeSpecError
@@ -443,3 +447,16 @@ def test_a_sql_error_carries_the_sql_field() -> None:
     with pytest.raises(MergeSpecError) as info:
         parse_merge_sql("SELECT 1")
     assert info.value.field == "sql"
+
+
+def test_an_auto_cdc_batchs_delta_source_takes_the_same_options() -> None:
+    batch = AutoCdcSpec(
+        target="/lake/t",
+        source=TableSource("delta", "/lake/changes", {"readChangeFeed": "true"}),
+        keys=("id",),
+        sequence_by=("seq",),
+    )
+    with pytest.raises(MergeSpecError, match="a Delta source takes only versionAsOf or timestampAsOf") as raised:
+        validate_auto_cdc(batch)
+    assert raised.value.field == "source.options"
+    validate_auto_cdc(dataclasses.replace(batch, source=TableSource("delta", "/lake/changes", {"versionAsOf": "7"})))
