@@ -201,3 +201,36 @@ def test_an_unknown_deletion_vectors_choice_is_422_naming_it(service: dict[str, 
     response = httpx.post(f"{base}/merges", json=body, timeout=10)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["deletion_vectors"]
+
+
+def test_a_delta_source_is_merged_at_the_version_asked_or_the_job_fails_saying_why(service: dict[str, Any]) -> None:
+    """``versionAsOf`` reads the source as it was; a version its log cannot give fails the job with Delta's
+    error class, the target untouched."""
+    base, lake = service["base"], service["lake"]
+    source, target = lake / "changes", lake / "accounts"
+    for rows in ([1, 2], [3]):
+        write_deltalake(str(source), pa.table({"id": pa.array(rows, pa.int64())}), mode="append")
+    write_deltalake(str(target), pa.table({"id": pa.array([9], pa.int64())}))
+
+    def merge(version: int) -> dict[str, Any]:
+        body = {
+            "target": str(target),
+            "source": {"format": "delta", "path": str(source), "options": {"versionAsOf": version}},
+            "on": "target.id = source.id",
+            "when_not_matched": [{"action": "insert_all"}],
+        }
+        response = httpx.post(f"{base}/merges", json=body, timeout=10)
+        assert response.status_code == 202, response.text
+        return wait_for(base, response.json()["id"])
+
+    job = merge(0)
+    assert job["status"] == "succeeded", job
+    assert sorted(DeltaTable(str(target)).to_pyarrow_table()["id"].to_pylist()) == [1, 2, 9]
+    job = merge(5)
+    assert job["status"] == "failed", job
+    assert job["error"]["type"].endswith(":source")
+    assert (
+        "[DELTA_VERSION_NOT_FOUND] Cannot time travel Delta table to version 5. Available versions: [0, 1]."
+        in (job["error"]["detail"])
+    )
+    assert DeltaTable(str(target)).version() == 1
