@@ -59,9 +59,17 @@ def delta_source_snapshot(spark: SparkSession, source: TableSource, lake_roots: 
     return delta.load_snapshot(source.path, version, lake_roots=lake_roots)
 
 
+SPECIAL_TIMESTAMPS = frozenset({"epoch", "now", "today", "yesterday", "tomorrow"})
+"""Strings Spark's optimizer turns into timestamps (``SpecialDatetimeValues``) where Delta's cast of a
+``timestampAsOf`` does not: Delta finds them invalid."""
+
+
 def _timestamp_micros(spark: SparkSession, text: str) -> int:
     """``timestampAsOf`` as Delta reads it: cast to a timestamp in the session's time zone."""
-    micros = spark.sql("SELECT unix_micros(try_cast(:text AS TIMESTAMP))", args={"text": text}).collect()[0][0]
+    special = text.strip().split(" ", 1)[0].lower() in SPECIAL_TIMESTAMPS
+    micros = None
+    if not special:
+        micros = spark.sql("SELECT unix_micros(try_cast(:text AS TIMESTAMP))", args={"text": text}).collect()[0][0]
     if micros is None:
         raise SourceError(
             f"source.options: [DELTA_TIMESTAMP_INVALID] The provided timestamp ({text!r}) cannot be converted to a "

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from engine import MergeSpec, TableSource, run_merge
@@ -19,7 +20,7 @@ from engine.errors import SourceError
 from tests.engine.harness import clause
 from tests.oracle.differential import copy_sides
 from tests.oracle.sql_cases import SqlCopies, sql_rows
-from tests.oracle.tables import make_delta_table, table_ref
+from tests.oracle.tables import latest_version, make_delta_table, table_ref
 
 UPSERT = "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *"
 SOURCE_HISTORY = [
@@ -143,3 +144,54 @@ def test_versions_before_the_earliest_checkpoint_are_gone_once_their_commits_are
     copies = _copies(delta_spark, tmp_path / "v1", f"(SELECT * FROM {table_ref(cleaned)} VERSION AS OF 1)")
     ours, theirs = copies.refused_alike(spark, delta_spark, SourceError, "DELTA_VERSION_NOT_FOUND")
     assert "Available versions: [2, 4]." in ours and "Available versions: [2, 4]." in theirs
+
+
+def test_a_timestamp_that_is_not_one_fails_as_delta_reader_fails(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, source: Path
+) -> None:
+    """Spark's special strings ('yesterday') are no timestamp to Delta's time travel, though Spark's optimizer
+    would cast them."""
+    target = make_delta_table(delta_spark, tmp_path / "ours", "id BIGINT, v STRING")
+    spec = MergeSpec(
+        target=str(target),
+        source=TableSource("delta", str(source), {"timestampAsOf": "yesterday"}),
+        on="t.id = s.id",
+        target_alias="t",
+        source_alias="s",
+        not_matched=(clause("notMatched", "insert_all"),),
+    )
+    words = "[DELTA_TIMESTAMP_INVALID] The provided timestamp ('yesterday') cannot be converted to a valid timestamp."
+    with pytest.raises(SourceError) as ours:
+        run_merge(spark, spec)
+    with pytest.raises(PySparkException) as theirs:
+        delta_spark.read.format("delta").option("timestampAsOf", "yesterday").load(str(source)).collect()
+    assert words in str(ours.value) and words in str(theirs.value)
+    assert latest_version(target) == 0
+
+
+@pytest.mark.parametrize("deletion_vectors", [False, True], ids=["copy-on-write", "deletion vectors"])
+def test_a_table_merges_its_own_earlier_version_back_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path, deletion_vectors: bool
+) -> None:
+    """The restore a time travel makes possible: the target merges the rows it held at version 1 back in, undoing
+    a later delete and update, as Delta's MERGE does."""
+    target = make_delta_table(
+        delta_spark,
+        tmp_path / "ours",
+        "id BIGINT, v STRING",
+        properties={"delta.enableDeletionVectors": str(deletion_vectors).lower()},
+        then_sql=[
+            "INSERT INTO {table} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+            "DELETE FROM {table} WHERE id = 2",
+            "UPDATE {table} SET v = 'x' WHERE id = 1",
+            "INSERT INTO {table} VALUES (4, 'd')",
+        ],
+    )
+    ours, theirs = (side.path for side in copy_sides(target, tmp_path / "theirs"))
+    copies = SqlCopies(
+        ours,
+        theirs,
+        f"MERGE INTO {{target}} AS t USING (SELECT * FROM {{target}} VERSION AS OF 1) AS s ON t.id = s.id {UPSERT}",
+    )
+    copies.merged_alike(spark, delta_spark)
+    assert sql_rows(delta_spark, ours) == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
