@@ -195,3 +195,31 @@ def test_a_table_merges_its_own_earlier_version_back_as_in_delta(
     )
     copies.merged_alike(spark, delta_spark)
     assert sql_rows(delta_spark, ours) == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+
+
+def test_a_column_mapped_source_is_read_with_the_schema_of_the_version_asked(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Before a rename and a drop the source's columns had their old names: the version asked is read with its
+    own schema, as Delta reads it."""
+    source = make_delta_table(
+        delta_spark,
+        tmp_path / "source",
+        "id BIGINT, v STRING, gone STRING",
+        properties={"delta.columnMapping.mode": "name"},
+        then_sql=[
+            "INSERT INTO {table} VALUES (1, 'a', 'g'), (2, 'b', 'g')",
+            "ALTER TABLE {table} RENAME COLUMN v TO renamed",
+            "ALTER TABLE {table} DROP COLUMN gone",
+            "INSERT INTO {table} VALUES (3, 'c')",
+        ],
+    )
+    for version, expected in ((1, [(1, "a"), (2, "b"), (5, "z")]), (4, [(1, "a"), (2, "b"), (3, "c"), (5, "z")])):
+        name = "v" if version == 1 else "renamed"
+        copies = _copies(
+            delta_spark,
+            tmp_path / str(version),
+            f"(SELECT id, {name} AS v FROM {table_ref(source)} VERSION AS OF {version})",
+        )
+        copies.merged_alike(spark, delta_spark)
+        assert sql_rows(delta_spark, copies.ours) == expected
