@@ -12,7 +12,7 @@ from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from engine.errors import MergeSpecError
-from engine.expressions import DIALECT, parse_expression, parse_query
+from engine.expressions import DIALECT, SUBQUERY_REFUSED, parse_expression, parse_query
 from engine.functions import ALLOWED_FUNCTIONS, BARE_FUNCTION_NAMES, REFUSED_FUNCTIONS, SYNTAX_BEFORE_PAREN
 from engine.spark_dialect import regenerate
 
@@ -48,7 +48,7 @@ def check_expression(node: exp.Expr, where: str, *, deterministic: bool) -> None
         if isinstance(sub, (exp.Subquery, exp.Query)) or (
             isinstance(sub, exp.Exists) and isinstance(sub.this, (exp.Subquery, exp.Query))
         ):
-            raise MergeSpecError(f"{where}: subqueries are not supported in a MERGE expression.", field=where)
+            raise MergeSpecError(f"{where}: {SUBQUERY_REFUSED}", field=where)
         if isinstance(sub, exp.Window):
             raise MergeSpecError(f"{where}: window functions are not supported in a MERGE expression.", field=where)
         if isinstance(sub, exp.AggFunc):

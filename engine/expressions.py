@@ -124,6 +124,12 @@ def parse_error_text(exc: Exception) -> str:
     return f"{description} ({where.strip()})" if where.strip() else description
 
 
+SUBQUERY_REFUSED = (
+    "subqueries are not supported in a MERGE expression; a merge reads other tables in its source query "
+    "(USING (SELECT ...))."
+)
+
+
 def parse_expression(text: str, where: str) -> exp.Expression:
     """One Spark SQL expression; ``where`` names its place in the spec for the error message. Its size is
     bounded (length, nesting, tree depth and parts) so no input can exhaust the parser's or Spark's stack."""
@@ -141,6 +147,8 @@ def parse_expression(text: str, where: str) -> exp.Expression:
     if len(parsed) != 1 or parsed[0] is None:
         raise MergeSpecError(f"{where}: expected one expression, got {_excerpt(text)}.", field=where)
     node = parsed[0]
+    if isinstance(node, exp.Subquery):
+        raise MergeSpecError(f"{where}: {SUBQUERY_REFUSED}", field=where)
     if isinstance(node, (exp.Query, exp.Command, exp.DDL, exp.DML, exp.Alias)) or not isinstance(node, exp.Expression):
         raise MergeSpecError(f"{where}: {_excerpt(text)} is not an expression.", field=where)
     _check_tree(node, text, where)

@@ -460,3 +460,13 @@ def test_an_auto_cdc_batchs_delta_source_takes_the_same_options() -> None:
         validate_auto_cdc(batch)
     assert raised.value.field == "source.options"
     validate_auto_cdc(dataclasses.replace(batch, source=TableSource("delta", "/lake/changes", {"versionAsOf": "7"})))
+
+
+@pytest.mark.parametrize("value", ["(SELECT 'z')", "1 + (SELECT 2)", "(SELECT max(id) FROM delta.`/lake/other`)"])
+def test_a_subquery_as_a_value_is_refused_saying_so(value: str) -> None:
+    """Delta's MERGE would run an uncorrelated scalar subquery; the engine reads other tables only through the
+    source query, where each path is checked and read as a Delta table, and says so."""
+    with pytest.raises(
+        MergeSpecError, match=r"when_matched\[0\]\.set\.v: subqueries are not supported .*\(USING \(SELECT"
+    ):
+        validate_spec(spec(matched=(matched(UpdateAction(set={"v": value})),)))
