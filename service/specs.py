@@ -174,8 +174,9 @@ class ValidExpressions:
     """Remembers the expression parts of specs that ``engine.validate_spec`` accepted, in their canonical form.
 
     That check reads only the aliases, the ON condition, the clauses, a source query and the names of its
-    relations, and the reader options of a table source and of each relation (never the paths), and parsing their expressions with sqlglot is most of a submission's CPU;
-    integrations send the same few merges again and again. Only acceptance is remembered: a spec that fails is
+    relations, and the reader options of a table source and of each relation (never the paths); parsing their
+    expressions with sqlglot is most of a submission's CPU, and integrations send the same few merges again and
+    again. Only acceptance is remembered: a spec that fails is
     checked anew, so its 422 is unchanged. The memo lives in one process: a spec this process's engine has not
     checked is checked here before anything runs it.
     """
