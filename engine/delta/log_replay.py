@@ -86,14 +86,18 @@ def _replay_log(root: str, version: int) -> _Replay:
     state = _Replay()
     for part in parts:
         _replay_checkpoint(os.path.join(log_dir, part), state)
-    commits = sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
-    for number in commits:
+    for number in commit_versions(names):
         if start < number <= version:
             with open(os.path.join(log_dir, f"{number:020d}.json"), encoding="utf-8") as handle:
                 for line in handle:
                     if line.strip():
                         _apply(json.loads(line), state)
     return state
+
+
+def commit_versions(names: list[str]) -> list[int]:
+    """The versions of the JSON commits among the log's file ``names``, in order."""
+    return sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
 
 
 def newest_checkpoint(names: list[str], version: int) -> tuple[int, list[str]]:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from engine.delta.log_replay import complete_checkpoints
+from engine.delta.log_replay import commit_versions, complete_checkpoints
 from engine.delta.paths import normalize_table
 from engine.delta.row_tracking import ICT_ENABLEMENT_VERSION_KEY, in_commit_timestamps_enabled
 from engine.delta.snapshot import Snapshot
 from engine.errors import DeltaError, TableNotFoundError
-
-_COMMIT_NAME = re.compile(r"^(\d{20})\.json$")
 
 
 class TimeTravelError(DeltaError):
@@ -38,7 +35,7 @@ def _history(table: str) -> _History:
     if not os.path.isdir(log_dir):
         raise TableNotFoundError(f"No Delta table at {root} (no _delta_log folder)")
     names = os.listdir(log_dir)
-    commits = sorted(int(m.group(1)) for m in map(_COMMIT_NAME.match, names) if m)
+    commits = commit_versions(names)
     if not commits:
         raise TimeTravelError(f"No commits in the log of {root}")
     latest = commits[-1]
