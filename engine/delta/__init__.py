@@ -23,6 +23,14 @@ if TYPE_CHECKING:
         known_num_records,
     )
     from engine.delta.app_transactions import commit_info, find_app_transaction_commit
+    from engine.delta.change_feed import (
+        COMMIT_TIMESTAMP_COL,
+        COMMIT_VERSION_COL,
+        ChangeFeedError,
+        change_feed_schema,
+        change_feed_versions,
+        read_change_feed,
+    )
     from engine.delta.commits import CommitEntry
     from engine.delta.constraints import GENERATION_KEY
     from engine.delta.features import DEFAULT_KEY, check_can_modify, check_readable, check_supported
@@ -42,7 +50,7 @@ if TYPE_CHECKING:
     )
     from engine.delta.skipping import FilePredicate, prune_files
     from engine.delta.snapshot import Snapshot, load_snapshot
-    from engine.delta.time_travel import TimeTravelError, check_version, version_at
+    from engine.delta.time_travel import TimeTravelError, check_version, version_at, version_from
     from engine.delta.transaction import CommitAction, Transaction
     from engine.delta.values import INTEGRAL_TYPES
     from engine.delta.write import (
@@ -93,6 +101,13 @@ _EXPORTS = {
     "TimeTravelError": "engine.delta.time_travel",
     "check_version": "engine.delta.time_travel",
     "version_at": "engine.delta.time_travel",
+    "version_from": "engine.delta.time_travel",
+    "COMMIT_TIMESTAMP_COL": "engine.delta.change_feed",
+    "COMMIT_VERSION_COL": "engine.delta.change_feed",
+    "ChangeFeedError": "engine.delta.change_feed",
+    "change_feed_schema": "engine.delta.change_feed",
+    "change_feed_versions": "engine.delta.change_feed",
+    "read_change_feed": "engine.delta.change_feed",
     "CommitAction": "engine.delta.transaction",
     "Transaction": "engine.delta.transaction",
     "CHANGE_TYPE_COL": "engine.delta.write",
@@ -105,6 +120,8 @@ _EXPORTS = {
 
 __all__ = [
     "CHANGE_TYPE_COL",
+    "COMMIT_TIMESTAMP_COL",
+    "COMMIT_VERSION_COL",
     "DEFAULT_KEY",
     "FILE_NAME_COL",
     "FILE_PATH_COL",
@@ -115,6 +132,7 @@ __all__ = [
     "ROW_INDEX_COL",
     "AddCDCFile",
     "AddFile",
+    "ChangeFeedError",
     "ColumnPathError",
     "CommitAction",
     "CommitEntry",
@@ -128,6 +146,8 @@ __all__ = [
     "Snapshot",
     "TimeTravelError",
     "Transaction",
+    "change_feed_schema",
+    "change_feed_versions",
     "check_can_modify",
     "check_no_reserved_cdc_columns",
     "check_readable",
@@ -143,11 +163,13 @@ __all__ = [
     "prune_files",
     "quote_identifier",
     "quote_path",
+    "read_change_feed",
     "row_group_count",
     "scan_files",
     "scan_files_with_path",
     "target_partitions",
     "version_at",
+    "version_from",
     "write_data_and_cdc_files",
     "write_data_files",
 ]

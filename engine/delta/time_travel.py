@@ -66,28 +66,46 @@ def version_at(latest: Snapshot, timestamp_us: int) -> int:
     """The latest version committed at or before ``timestamp_us`` (microseconds since the epoch; Delta compares
     milliseconds), as Delta's time travel resolves it from the table's ``latest`` snapshot: earlier than every
     recreatable commit, or later than the last one, is an error."""
-    history = _history(latest.root)
-    times = _commit_times(history, _ict_since(latest))
+    times = _commit_times(_history(latest.root), _ict_since(latest))
     timestamp_ms = timestamp_us // 1000
     chosen = None
     for version, commit_ms in times:
         if commit_ms <= timestamp_ms:
             chosen = version
     first_ms = times[0][1]
-    last_version, last_ms = times[-1]
     if chosen is None:
         raise TimeTravelError(
             f"[DELTA_TIMESTAMP_EARLIER_THAN_COMMIT_RETENTION] The provided timestamp ({java_timestamp(timestamp_us)}) "
             f"is before the earliest version available to this table ({java_timestamp(first_ms * 1000)}). Please use "
             f"a timestamp after {java_timestamp(first_ms * 1000, seconds=True)}."
         )
-    if chosen == last_version and last_ms < timestamp_ms:
+    _check_not_after_last(times, timestamp_us)
+    return chosen
+
+
+def version_from(latest: Snapshot, timestamp_us: int) -> int:
+    """The first version committed at or after ``timestamp_us``, as Delta's Change Data Feed starts from a
+    timestamp: a timestamp before every commit starts at the earliest, one after the last is an error."""
+    times = _commit_times(_history(latest.root), _ict_since(latest))
+    _check_not_after_last(times, timestamp_us)
+    timestamp_ms = timestamp_us // 1000
+    return next(version for version, commit_ms in times if commit_ms >= timestamp_ms)
+
+
+def commit_timestamps(latest: Snapshot) -> dict[int, int]:
+    """Each recreatable commit's time in milliseconds since the epoch, by version, as Delta's history reports
+    it: what Delta's Change Data Feed gives as ``_commit_timestamp``."""
+    return dict(_commit_times(_history(latest.root), _ict_since(latest)))
+
+
+def _check_not_after_last(times: list[tuple[int, int]], timestamp_us: int) -> None:
+    last_ms = times[-1][1]
+    if last_ms < timestamp_us // 1000:
         raise TimeTravelError(
             f"[DELTA_TIMESTAMP_GREATER_THAN_COMMIT] Timestamp {java_timestamp(timestamp_us)} is after the table's "
             f"latest version ({java_timestamp(last_ms * 1000)}). Use a timestamp at or before "
             f"{java_timestamp(last_ms * 1000, seconds=True)}."
         )
-    return chosen
 
 
 def _commit_times(history: _History, enabled_ict_since: int | None) -> list[tuple[int, int]]:
@@ -136,4 +154,4 @@ def java_timestamp(us: int, *, seconds: bool = False) -> str:
     return f"{text}.{f'{us % 1_000_000:06d}'.rstrip('0') or '0'}"
 
 
-__all__ = ["TimeTravelError", "check_version", "java_timestamp", "version_at"]
+__all__ = ["TimeTravelError", "check_version", "commit_timestamps", "java_timestamp", "version_at", "version_from"]
