@@ -29,55 +29,11 @@ from engine.spec import (
     TableSource,
     UpdateAction,
 )
-
-FORMATS = ("delta", "parquet", "json", "csv")
+from engine.sql_relations import table_source
 
 MAX_STATEMENT_NESTING = MAX_EXPRESSION_NESTING + 8
 """A statement nests its expressions inside its own parentheses (a source query, a subquery in it); each
 expression is held to MAX_EXPRESSION_NESTING afterwards. Checked by a scan before sqlglot recurses."""
-
-
-def _table_source(table: exp.Table, where: str) -> TableSource:
-    if table.args.get("sample") is not None:
-        raise MergeSpecError(f"{where}: TABLESAMPLE is not supported; got {sql(table)!r}.", field=where)
-    travel = table.args.get("version")
-    if travel is not None and where == "MERGE INTO":
-        raise MergeSpecError(
-            f"{where}: a merge writes the table's latest version; time travel (VERSION/TIMESTAMP AS OF) reads "
-            f"sources only; got {sql(table)!r}.",
-            field=where,
-        )
-    if not isinstance(table.this, exp.Identifier):
-        raise MergeSpecError(
-            f"{where}: table-valued functions ({sql(table.this)}) are not allowed; read tables by path, as "
-            "delta.`/path`.",
-            field=where,
-        )
-    fmt = (table.db or "").lower()
-    if fmt not in FORMATS or not table.name or table.catalog:
-        raise MergeSpecError(
-            f"{where}: name tables by path, as delta.`/path` (or parquet., json., csv.); got {sql(table)!r}.",
-            field=where,
-        )
-    options = _time_travel_options(travel, fmt, where) if travel is not None else {}
-    return TableSource(format=cast(Literal["delta", "parquet", "json", "csv"], fmt), path=table.name, options=options)
-
-
-def _time_travel_options(travel: exp.Expr, fmt: str, where: str) -> dict[str, str]:
-    """``VERSION AS OF 3`` or ``TIMESTAMP AS OF '2024-01-01'`` on a Delta source, as its reader options; a
-    timestamp is a literal, read in the session's time zone as Delta reads it."""
-    kind = str(travel.this).upper()
-    value = travel.expression
-    if isinstance(value, exp.Cast) and value.to.is_type(*exp.DataType.TEMPORAL_TYPES):
-        value = value.this  # TIMESTAMP '2024-01-01 00:00:00'
-    if fmt != "delta":
-        raise MergeSpecError(f"{where}: time travel reads Delta tables only; got {sql(travel)!r}.", field=where)
-    if kind == "VERSION" and isinstance(value, exp.Literal):
-        return {"versionAsOf": str(value.this)}
-    if kind == "TIMESTAMP" and isinstance(value, exp.Literal) and value.is_string:
-        return {"timestampAsOf": str(value.this)}
-    expected = "a version number" if kind == "VERSION" else "a timestamp literal such as '2024-01-01 00:00:00'"
-    raise MergeSpecError(f"{where}: {kind} AS OF takes {expected}; got {sql(travel)!r}.", field=where)
 
 
 def _alias(node: exp.Expr, default: str) -> str:
@@ -87,7 +43,7 @@ def _alias(node: exp.Expr, default: str) -> str:
 
 def _source(using: exp.Expr) -> Source:
     if isinstance(using, exp.Table):
-        return _table_source(using, "USING")
+        return table_source(using, "USING")
     if isinstance(using, exp.Subquery) and isinstance(using.this, exp.Query):
         where = "USING (SELECT ...)"
         query = using.this.copy()
@@ -98,14 +54,14 @@ def _source(using: exp.Expr) -> Source:
                 continue  # a name the query's own WITH defines, in scope here
             if table.find_ancestor(exp.Hint, exp.JoinHint) is not None:
                 continue  # check_source_query refuses the hint itself
-            source = _table_source(table, where)
+            source = table_source(table, where)
             name = f"__merge_source_{len(relations)}"
             relations[name] = source
             replacement = exp.to_table(name)
             alias = table.args.get("alias")
             if alias is not None:
                 replacement.set("alias", alias.copy())
-            else:
+            elif table.name:  # not a table-valued function such as table_changes
                 replacement.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=True)))
                 unaliased[(source.format, table.name)] = table.name
             table.replace(replacement)
@@ -218,7 +174,7 @@ def parse_merge_sql(text: str) -> MergeSpec:
     target = merge.this
     if not isinstance(target, exp.Table):
         raise MergeSpecError("sql: MERGE INTO must name the target as delta.`/path`.", field="sql")
-    target_source = _table_source(target, "MERGE INTO")
+    target_source = table_source(target, "MERGE INTO")
     if target_source.format != "delta":
         raise MergeSpecError("sql: the target of a merge must be a Delta table: delta.`/path`.", field="sql")
     using = merge.args.get("using")
