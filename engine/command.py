@@ -130,7 +130,8 @@ class MergeIntoCommand:
 
     def _prepare_source(self) -> DataFrame:
         """MergeIntoMaterializeSource: a source that could change between the two reads of a classic merge is
-        materialized once; a Delta snapshot or inline rows read the same twice."""
+        materialized once; a Delta snapshot, a Delta table's Change Data Feed (its files fixed when the source is
+        read) or inline rows read the same twice."""
         self.on_progress("preparing_source")
         start = time.monotonic()
         source = source_dataframe(self.spark, self.spec.source, self._views, self.spec.lake_roots)
@@ -228,14 +229,14 @@ class MergeIntoCommand:
         source = self.spec.source
         if isinstance(source, RowsSource):
             return len(source.rows)
-        if isinstance(source, TableSource) and source.format == "delta":
+        if isinstance(source, TableSource) and source.reads_snapshot:
             return delta.known_num_records(self._source_snapshot().files)
         return None
 
     def _source_splits(self) -> int | None:
         """The row groups of a Delta source large enough for ``spread_streamed_source`` to ask."""
         source = self.spec.source
-        if not (isinstance(source, TableSource) and source.format == "delta"):
+        if not (isinstance(source, TableSource) and source.reads_snapshot):
             return None
         if not streamed_source.is_large(self._source_rows_estimate()):
             return None

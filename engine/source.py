@@ -15,6 +15,7 @@ from engine.delta import ReadScope, Snapshot
 from engine.errors import SourceError
 from engine.expression_rules import source_query_sql
 from engine.inline_rows import rows_to_arrow
+from engine.source_options import ChangeFeedRange
 from engine.spec import FrameSource, QuerySource, RowsSource, Source, TableSource
 
 GLOB_CHARACTERS = frozenset("*?[]{}\\")
@@ -24,6 +25,9 @@ GLOB_CHARACTERS = frozenset("*?[]{}\\")
 def read_table_source(spark: SparkSession, source: TableSource, lake_roots: Sequence[str] = ()) -> DataFrame:
     """The source's rows; its files are read only from its own path and ``lake_roots``."""
     if source.format == "delta":
+        change_feed = source.delta_read().change_feed
+        if change_feed is not None:
+            return read_change_feed_source(spark, source.path, change_feed, lake_roots)
         snapshot = delta_source_snapshot(spark, source, lake_roots)
         delta.check_readable(snapshot)
         return delta.scan_files(spark, snapshot, snapshot.files, file_columns=False)
@@ -57,6 +61,27 @@ def delta_source_snapshot(spark: SparkSession, source: TableSource, lake_roots: 
     except delta.TimeTravelError as exc:
         raise SourceError(f"source.options: {exc}", field="options") from None
     return delta.load_snapshot(source.path, version, lake_roots=lake_roots)
+
+
+def read_change_feed_source(
+    spark: SparkSession, path: str, change_feed: ChangeFeedRange, lake_roots: Sequence[str] = ()
+) -> DataFrame:
+    """A Delta table's Change Data Feed over the range its options name (timestamps resolved as Delta does)."""
+    latest = delta.load_snapshot(path, lake_roots=lake_roots)
+    start_us = end_us = None
+    if change_feed.starting_version is None and change_feed.starting_timestamp is not None:
+        start_us = _timestamp_micros(spark, change_feed.starting_timestamp)
+    if change_feed.ending_version is None and change_feed.ending_timestamp is not None:
+        end_us = _timestamp_micros(spark, change_feed.ending_timestamp)
+    try:
+        versions = delta.change_feed_versions(
+            latest, change_feed.starting_version, change_feed.ending_version, start_us=start_us, end_us=end_us
+        )
+        if versions is None:
+            return spark.createDataFrame([], delta.change_feed_schema(latest))
+        return delta.read_change_feed(spark, latest, *versions)
+    except (delta.TimeTravelError, delta.ChangeFeedError) as exc:
+        raise SourceError(f"source.options: {exc}", field="options") from None
 
 
 SPECIAL_TIMESTAMPS = frozenset({"epoch", "now", "today", "yesterday", "tomorrow"})

@@ -209,7 +209,7 @@ class SourceKeyRanges:
             if want_values:
                 rng.values = pc.unique(column.drop_null()).to_pylist()[: MAX_PARTITION_VALUES_FOR_SKIPPING + 1]
             return True
-        if not (isinstance(source, TableSource) and source.format == "delta") or want_values:
+        if not (isinstance(source, TableSource) and source.reads_snapshot) or want_values:
             return False
         snap = self._source_snapshot()
         if name.lower() in {c.lower() for c in snap.partition_columns}:

@@ -7,12 +7,12 @@ resolved against the tables when the merge runs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import MergeSpecError
+from engine.source_options import DeltaRead, delta_read
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -85,10 +85,6 @@ class MergeClause:
         return f"{head}{cond} THEN {action}"
 
 
-TIME_TRAVEL_OPTIONS = {"versionasof": "versionAsOf", "timestampasof": "timestampAsOf"}
-"""The reader options a Delta source takes, by their lower-case name (Spark's options ignore case)."""
-
-
 @dataclass(frozen=True)
 class TableSource:
     """Data under a lake root: a Delta table or files Spark reads directly."""
@@ -97,39 +93,20 @@ class TableSource:
     path: str
     options: Mapping[str, str] = field(default_factory=dict)
 
+    def delta_read(self, where: str = "source.options") -> DeltaRead:
+        """What a Delta source's options ask for (``engine.source_options``): rows at a version, or changes."""
+        return delta_read(self.options, where) if self.format == "delta" else DeltaRead()
+
     def time_travel(self, where: str = "source.options") -> tuple[int | None, str | None]:
-        """The version, or the timestamp, a Delta source is read at (Delta's ``versionAsOf`` and ``timestampAsOf``
-        reader options; neither: its latest version). Any other option is refused rather than ignored, as a
-        ``readChangeFeed`` Delta would honour must not read the table's rows instead."""
-        if self.format != "delta":
-            return None, None
-        chosen: dict[str, str] = {}
-        for key, value in self.options.items():
-            name = TIME_TRAVEL_OPTIONS.get(key.lower())
-            if name is None:
-                raise MergeSpecError(
-                    f"{where}: a Delta source takes only versionAsOf or timestampAsOf; {key!r} is not supported.",
-                    field=where,
-                )
-            if name in chosen:
-                raise MergeSpecError(f"{where}: {name} is given twice (option names ignore case).", field=where)
-            chosen[name] = value
-        if len(chosen) > 1:
-            raise MergeSpecError(
-                f"{where}: [DELTA_ONEOF_IN_TIMETRAVEL] Please either provide 'timestampAsOf' or 'versionAsOf' for "
-                "time travel.",
-                field=where,
-            )
-        if "versionAsOf" in chosen:
-            text = chosen["versionAsOf"].strip()
-            if not re.fullmatch(r"[+-]?\d{1,19}", text):
-                raise MergeSpecError(
-                    f"{where}: [DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE] versionAsOf needs to be a valid begin value; "
-                    f"got {chosen['versionAsOf']!r}.",
-                    field=where,
-                )
-            return int(text), None
-        return None, chosen.get("timestampAsOf")
+        """The version, or the timestamp, a Delta source's rows are read at (neither: its latest version)."""
+        read = self.delta_read(where)
+        return read.version, read.timestamp
+
+    @property
+    def reads_snapshot(self) -> bool:
+        """Whether the source's rows are one snapshot of a Delta table (whose log then tells their count and
+        bounds), not files or a Change Data Feed."""
+        return self.format == "delta" and self.delta_read().change_feed is None
 
 
 @dataclass(frozen=True)
@@ -230,10 +207,10 @@ class MergeSpec:
             if clause.condition is not None and not clause.condition.strip():
                 raise MergeSpecError(f"Empty condition in {clause.describe()}.")
         if isinstance(self.source, TableSource):
-            self.source.time_travel()
+            self.source.delta_read()
         elif isinstance(self.source, QuerySource):
             for relation in self.source.relations.values():
-                relation.time_travel("source.query")
+                relation.delta_read("source.query")
         if self.target_alias.lower() == self.source_alias.lower():
             raise MergeSpecError(f"The target and source aliases must differ (both are {self.target_alias!r}).")
         if self.deletion_vectors not in ("auto", "off"):

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 import engine.errors as engine_errors
-from engine.delta import TimeTravelError
+from engine.delta import ChangeFeedError, TimeTravelError
 from engine.delta.deletion_vectors import DeletionVectorError
 from engine.delta.errors import (
     CommitRetriesExhaustedError,
@@ -94,6 +94,7 @@ PROBLEM_SLUGS: dict[type[BaseException], str] = {
     CorruptLogError: "corrupt-log",
     DeletionVectorError: "deletion-vector",
     TimeTravelError: "time-travel",
+    ChangeFeedError: "change-feed",
     # Committing.
     engine_errors.CommitFailedError: "commit-failed",
     engine_errors.CommitStorageError: "storage-write",

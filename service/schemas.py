@@ -47,7 +47,9 @@ class TableSourceIn(_Strict):
         Field(
             default_factory=dict,
             description="Spark reader options; numbers and booleans are passed as Spark takes them, as strings. A "
-            "Delta source takes only versionAsOf or timestampAsOf (Delta's time travel).",
+            "Delta source takes only versionAsOf or timestampAsOf (Delta's time travel), or readChangeFeed with "
+            "startingVersion or startingTimestamp and optionally endingVersion or endingTimestamp (its Change Data "
+            "Feed).",
         )
     )
 

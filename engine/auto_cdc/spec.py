@@ -58,7 +58,7 @@ class AutoCdcSpec:
     def validate(self) -> AutoCdcSpec:
         """The rules that need no table: each a ``MergeSpecError`` naming its field."""
         if isinstance(self.source, TableSource):
-            self.source.time_travel()
+            self.source.delta_read()
         if not self.keys:
             raise MergeSpecError("keys: at least one key column is needed.", field="keys")
         _distinct(self.keys, "keys")

@@ -21,6 +21,7 @@ from engine import (
 from engine.errors import MergeResolutionError, MergeSpecError
 from engine.expressions import parse_expression, sql
 from engine.merge_condition import KeyedOn, KeyEquality, MergeCondition, Sides
+from engine.source_options import ChangeFeedRange, DeltaRead
 from engine.spec import QuerySource, TableSource
 
 SOURCE = RowsSource(rows=[{"id": 1}])
@@ -327,7 +328,18 @@ def test_time_travel_on_a_delta_source_becomes_its_reader_options(using: str, op
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"readChangeFeed": "true"}, r"source.options: a Delta source takes only versionAsOf or timestampAsOf; "),
+        ({"sep": ";"}, r"source.options: a Delta source takes only versionAsOf or timestampAsOf \(time travel\), or "),
+        ({"readChangeFeed": "true"}, r"\[DELTA_NO_START_FOR_CDC_READ\] No startingVersion or startingTimestamp"),
+        ({"readChangeFeed": "on", "startingVersion": "1"}, r"\[DELTA_ILLEGAL_OPTION\] Invalid value 'on' for option"),
+        ({"startingVersion": "1"}, r"startingVersion bounds a Change Data Feed read; set readChangeFeed to 'true'"),
+        ({"readChangeFeed": "false", "endingTimestamp": "2024-01-01"}, r"endingTimestamp bounds a Change Data Feed"),
+        ({"readChangeFeed": "true", "startingVersion": "3", "endingVersion": "2"}, r"\[DELTA_INVALID_CDC_RANGE\]"),
+        ({"readChangeFeed": "true", "startingVersion": "-1"}, r"\[DELTA_VERSION_INVALID\] The provided version \(-1\)"),
+        ({"readChangeFeed": "true", "startingVersion": "1", "endingVersion": "x"}, r"\[DELTA_VERSION_INVALID\]"),
+        (
+            {"readChangeFeed": "true", "startingVersion": "1", "timestampAsOf": "2024-01-01"},
+            r"\[DELTA_UNSUPPORTED_TIME_TRAVEL_VIEWS\]",
+        ),
         ({"versionAsOf": "1", "timestampAsOf": "2024-01-01"}, r"\[DELTA_ONEOF_IN_TIMETRAVEL\]"),
         ({"VERSIONASOF": "1", "versionasof": "2"}, r"versionAsOf is given twice \(option names ignore case\)"),
         ({"versionAsOf": "1.5"}, r"\[DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE\] versionAsOf needs to be a valid"),
@@ -335,11 +347,41 @@ def test_time_travel_on_a_delta_source_becomes_its_reader_options(using: str, op
     ],
 )
 def test_a_delta_sources_options_are_checked_not_ignored(options: dict[str, str], message: str) -> None:
-    """An option a Delta source does not take is refused rather than ignored (``readChangeFeed`` would read
-    changes, not rows); time travel takes one version or one timestamp."""
+    """An option a Delta source does not take is refused rather than ignored, and so is a Change Data Feed bound
+    without ``readChangeFeed`` (Delta would read every row); time travel takes one version or one timestamp, a
+    feed a start and a range that is not reversed."""
     with pytest.raises(MergeSpecError, match=message) as raised:
         validate_spec(spec(source=TableSource("delta", "/lake/s", options), matched=(matched(DeleteAction()),)))
     assert raised.value.field == "source.options"
+
+
+@pytest.mark.parametrize(
+    ("options", "read"),
+    [
+        ({}, DeltaRead()),
+        ({"VersionAsOf": "3"}, DeltaRead(version=3)),
+        ({"timestampAsOf": "2024-01-01"}, DeltaRead(timestamp="2024-01-01")),
+        ({"readChangeFeed": "false", "versionAsOf": "2"}, DeltaRead(version=2)),
+        (
+            {"readChangeFeed": "TRUE", "startingVersion": "2", "startingTimestamp": "2024-01-01"},
+            DeltaRead(change_feed=ChangeFeedRange(starting_version=2)),
+        ),
+        (
+            {"readChangeData": "true", "startingTimestamp": "2024-01-01", "endingVersion": "9"},
+            DeltaRead(change_feed=ChangeFeedRange(starting_timestamp="2024-01-01", ending_version=9)),
+        ),
+        (
+            {"readchangefeed": "true", "startingversion": "0", "endingtimestamp": "2024-02-01"},
+            DeltaRead(change_feed=ChangeFeedRange(starting_version=0, ending_timestamp="2024-02-01")),
+        ),
+    ],
+)
+def test_a_delta_sources_options_say_what_is_read(options: dict[str, str], read: DeltaRead) -> None:
+    """Rows at the latest version, at an earlier one, or the Change Data Feed; a version bounds an end before a
+    timestamp does, as in Delta."""
+    source = TableSource("delta", "/lake/s", options)
+    assert source.delta_read() == read
+    assert source.reads_snapshot == (read.change_feed is None)
 
 
 def test_options_of_file_sources_are_spark_reader_options() -> None:
@@ -456,10 +498,11 @@ def test_an_auto_cdc_batchs_delta_source_takes_the_same_options() -> None:
         keys=("id",),
         sequence_by=("seq",),
     )
-    with pytest.raises(MergeSpecError, match="a Delta source takes only versionAsOf or timestampAsOf") as raised:
+    with pytest.raises(MergeSpecError, match="DELTA_NO_START_FOR_CDC_READ") as raised:
         validate_auto_cdc(batch)
     assert raised.value.field == "source.options"
-    validate_auto_cdc(dataclasses.replace(batch, source=TableSource("delta", "/lake/changes", {"versionAsOf": "7"})))
+    for options in ({"versionAsOf": "7"}, {"readChangeFeed": "true", "startingVersion": "7"}):
+        validate_auto_cdc(dataclasses.replace(batch, source=TableSource("delta", "/lake/changes", options)))
 
 
 @pytest.mark.parametrize("value", ["(SELECT 'z')", "1 + (SELECT 2)", "(SELECT max(id) FROM delta.`/lake/other`)"])

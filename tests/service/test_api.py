@@ -489,7 +489,9 @@ def test_a_source_option_of_the_wrong_type_is_one_error_naming_the_option(client
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"readChangeFeed": True}, "a Delta source takes only versionAsOf or timestampAsOf; 'readChangeFeed'"),
+        ({"sep": ";"}, "a Delta source takes only versionAsOf or timestampAsOf (time travel), or readChangeFeed"),
+        ({"readChangeFeed": True}, "[DELTA_NO_START_FOR_CDC_READ]"),
+        ({"startingVersion": 2}, "startingVersion bounds a Change Data Feed read; set readChangeFeed to 'true'"),
         ({"versionAsOf": 1, "timestampAsOf": "2024-01-01"}, "[DELTA_ONEOF_IN_TIMETRAVEL]"),
         ({"versionAsOf": "latest"}, "[DELTA_TIME_TRAVEL_INVALID_BEGIN_VALUE]"),
     ],
@@ -497,8 +499,8 @@ def test_a_source_option_of_the_wrong_type_is_one_error_naming_the_option(client
 def test_a_delta_sources_options_are_checked_at_submission(
     client: TestClient, target: str, options: dict[str, Any], words: str
 ) -> None:
-    """A Delta source takes Delta's time travel options; anything else is a 422 naming the options, not an option
-    silently ignored, and no job is queued."""
+    """A Delta source takes Delta's time travel and Change Data Feed options; anything else is a 422 naming the
+    options, not an option silently ignored, and no job is queued."""
     body = spec(target, source={"format": "delta", "path": f"{target}/source", "options": options})
     problem = assert_problem(client.post("/merges", json=body), 422, "source.options")
     assert words in problem["detail"]
