@@ -7,6 +7,7 @@ ones Delta logged."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -397,3 +398,20 @@ def test_a_feed_is_not_taken_for_the_tables_rows(spark: SparkSession, history: P
     assert not TableSource("delta", str(history), {"readChangeFeed": "true", "startingVersion": "1"}).reads_snapshot
     assert TableSource("delta", str(history), {"versionAsOf": "1"}).reads_snapshot
     assert latest_version(history) == 9
+
+
+def test_a_feed_with_in_commit_timestamps_reads_their_times_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Where the table keeps in-commit timestamps they are the commits' times, whatever the commit files' times say
+    (here: all one old moment)."""
+    table = make_delta_table(
+        delta_spark,
+        tmp_path / "t",
+        "id BIGINT, v STRING",
+        properties={**DV_FEED, "delta.enableInCommitTimestamps": "true"},
+        then_sql=["INSERT INTO {table} VALUES (1, 'a'), (2, 'b')", "UPDATE {table} SET v = 'x' WHERE id = 1"],
+    )
+    for commit in (table / "_delta_log").glob("*.json"):
+        os.utime(commit, (1_000_000_000, 1_000_000_000))
+    assert _read_alike(spark, delta_spark, table, {"readChangeFeed": "true", "startingVersion": "0"}) == 4
