@@ -234,3 +234,42 @@ def test_a_delta_source_is_merged_at_the_version_asked_or_the_job_fails_saying_w
         in (job["error"]["detail"])
     )
     assert DeltaTable(str(target)).version() == 1
+
+
+def test_a_delta_sources_change_feed_is_merged_or_the_job_fails_saying_why(service: dict[str, Any]) -> None:
+    """``readChangeFeed`` from a version merges the changes since: an append's rows as inserts, a delete's as
+    deletes; a start past the source's latest version fails the job with Delta's error class, the target
+    untouched."""
+    base, lake = service["base"], service["lake"]
+    source, target = lake / "feed", lake / "replica"
+    feed_on = {"delta.enableChangeDataFeed": "true"}
+    write_deltalake(str(source), pa.table({"id": pa.array([1, 2], pa.int64())}), configuration=feed_on)
+    write_deltalake(str(source), pa.table({"id": pa.array([3], pa.int64())}), mode="append")
+    DeltaTable(str(source)).delete("id = 1")
+    write_deltalake(str(target), pa.table({"id": pa.array([1, 9], pa.int64())}))
+
+    def merge(start: int) -> dict[str, Any]:
+        options = {"readChangeFeed": True, "startingVersion": start}
+        body = {
+            "target": str(target),
+            "source": {"format": "delta", "path": str(source), "options": options},
+            "on": "target.id = source.id",
+            "when_matched": [{"action": "delete", "condition": "source._change_type = 'delete'"}],
+            "when_not_matched": [{"action": "insert_all", "condition": "source._change_type = 'insert'"}],
+        }
+        response = httpx.post(f"{base}/merges", json=body, timeout=10)
+        assert response.status_code == 202, response.text
+        return wait_for(base, response.json()["id"])
+
+    job = merge(1)
+    assert job["status"] == "succeeded", job
+    assert sorted(DeltaTable(str(target)).to_pyarrow_table()["id"].to_pylist()) == [3, 9]
+    assert job["metrics"]["numSourceRows"] == 2
+    job = merge(7)
+    assert job["status"] == "failed", job
+    assert job["error"]["type"].endswith(":source")
+    assert (
+        "[DELTA_CDC_START_VERSION_AFTER_LATEST] Start version 7 for change data feed exceeds the latest table "
+        "version 2." in job["error"]["detail"]
+    )
+    assert DeltaTable(str(target)).version() == 1
