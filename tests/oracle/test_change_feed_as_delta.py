@@ -7,6 +7,7 @@ ones Delta logged."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -18,11 +19,11 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine import MergeSpec, RowsSource, TableSource, parse_merge_sql, run_merge
+from engine import RowsSource, TableSource, parse_merge_sql, run_merge
 from engine.errors import MergeSpecError, SourceError
 from engine.source import read_table_source
 from engine.spec import MergeClause
-from tests.engine.harness import clause
+from tests.engine.harness import clause, make_spec
 from tests.oracle.differential import copy_sides
 from tests.oracle.sql_cases import SqlCopies
 from tests.oracle.tables import latest_version, log_actions, make_delta_table, table_ref
@@ -297,20 +298,10 @@ def test_the_feed_of_merges_this_engine_wrote_reads_as_in_delta(
         [(i, f"v{i}") for i in range(20)],
         properties=DV_FEED,
     )
-    path = str(table)
 
     def merge(rows: list[dict[str, Any]], *clauses: MergeClause) -> None:
-        spec = MergeSpec(
-            target=path,
-            source=RowsSource(rows, "id BIGINT, v STRING"),
-            on="t.id = s.id",
-            matched=tuple(c for c in clauses if c.clause_type == "matched"),
-            not_matched=tuple(c for c in clauses if c.clause_type == "notMatched"),
-            not_matched_by_source=tuple(c for c in clauses if c.clause_type == "notMatchedBySource"),
-            target_alias="t",
-            source_alias="s",
-        )
-        run_merge(spark, spec)
+        spec = make_spec(table, table, "t.id = s.id", clauses)
+        run_merge(spark, dataclasses.replace(spec, source=RowsSource(rows, "id BIGINT, v STRING")))
 
     merge(
         [{"id": 3, "v": "x"}, {"id": 4, "v": None}, {"id": 30, "v": "n"}],
