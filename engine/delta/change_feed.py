@@ -5,8 +5,9 @@ A commit with ``cdc`` actions gives the rows of its change files (each row's ``_
 file). A commit without them gives the rows of the files it adds as ``insert`` and of the files it removes as
 ``delete`` (each read under its own deletion vector), where the action changes data; a file removed and added
 again in one commit with another deletion vector gives the rows its new vector deletes as ``delete`` and those it
-no longer deletes as ``insert``. Every commit in the range must have the feed on, and the columns are the latest
-version's (the ending version's under column mapping, where a rename or a drop in the range is refused)."""
+no longer deletes as ``insert``. Every commit in the range must have the feed on. The columns are the latest
+version's (the ending version's under column mapping), and every schema the range saw must read as them: a column
+dropped, renamed or retyped within the range is refused, as Delta refuses it."""
 
 from __future__ import annotations
 
