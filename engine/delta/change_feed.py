@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from pyroaring import BitMap64
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -32,6 +32,9 @@ from engine.delta.snapshot import Snapshot, load_snapshot
 from engine.delta.time_travel import check_version, commit_timestamps, version_at, version_from
 from engine.delta.write import CHANGE_TYPE_COL
 
+PICKED_ROWS = 10_000
+"""Up to this many rows a re-added file's changed rows are picked by row index (a hash set in the plan); more
+would make a large plan, and the difference of the two vectors' reads is taken instead."""
 COMMIT_VERSION_COL = "_commit_version"
 COMMIT_TIMESTAMP_COL = "_commit_timestamp"
 
@@ -252,23 +255,31 @@ def _as_add(remove: RemoveFile) -> AddFile:
 
 
 def _vector_changes(spark: SparkSession, read: Snapshot, add: AddFile, remove: RemoveFile) -> list[DataFrame]:
-    """A file re-added with another deletion vector: rows the new vector deletes, and rows it brings back."""
+    """A file re-added with another deletion vector: rows the new vector deletes and the old did not (``delete``),
+    and rows the old deleted and the new does not (``insert``). A few rows are picked by row index from the stored
+    file; more are the rows one vector keeps less those the other keeps, each read under its vector."""
     before = _deleted(read, remove.deletion_vector)
     after = _deleted(read, add.deletion_vector)
     frames = []
-    for rows, change in ((after - before, "delete"), (before - after, "insert")):
-        if rows:
+    for rows, change, kept, dropped in (
+        (after - before, "delete", remove.deletion_vector, add.deletion_vector),
+        (before - after, "insert", add.deletion_vector, remove.deletion_vector),
+    ):
+        if not rows:
+            continue
+        if len(rows) <= PICKED_ROWS:
             stored = scan_files(spark, read, [dataclasses.replace(add, deletion_vector=None)])
-            frames.append(_labelled(stored.where(_among(rows)), change))
+            changed = stored.where(F.col(ROW_INDEX_COL).isin([int(r) for r in rows]))
+        else:
+            live = scan_files(spark, read, [dataclasses.replace(add, deletion_vector=kept)])
+            still = scan_files(spark, read, [dataclasses.replace(add, deletion_vector=dropped)])
+            changed = live.join(still.select(ROW_INDEX_COL), on=ROW_INDEX_COL, how="left_anti")
+        frames.append(_labelled(changed, change))
     return frames
 
 
 def _deleted(read: Snapshot, descriptor: DeletionVectorDescriptor | None) -> BitMap64:
     return BitMap64() if descriptor is None else read_deletion_vector(descriptor, read.root)
-
-
-def _among(rows: BitMap64) -> Column:
-    return F.col(ROW_INDEX_COL).isin([int(r) for r in rows])
 
 
 def _labelled(frame: DataFrame, change: str) -> DataFrame:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine import RowsSource, TableSource, parse_merge_sql, run_merge
+from engine.delta.change_feed import PICKED_ROWS
 from engine.errors import MergeSpecError, SourceError
 from engine.source import read_table_source
 from engine.spec import MergeClause
@@ -444,3 +445,21 @@ def test_feeds_of_other_kinds_of_table_read_as_in_delta(
     )
     assert _read_alike(spark, delta_spark, table, {"readChangeFeed": "true", "startingVersion": "0"}) == 9
     assert _read_alike(spark, delta_spark, table, _range(3, 4)) == 3
+
+
+def test_a_wide_deletion_vector_change_reads_as_in_delta(
+    spark: SparkSession, delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """More rows than a plan picks by index: a delete that marks most of a file's rows in its vector, and a restore
+    that brings them back (the vector's difference read the other way), without change files either time."""
+    assert PICKED_ROWS < 15_000
+    table = make_delta_table(delta_spark, tmp_path / "t", "id BIGINT, v STRING", properties=DV_FEED)
+    delta_spark.range(20_000).selectExpr("id", "CAST(id AS STRING) AS v").coalesce(1).write.format("delta").mode(
+        "append"
+    ).save(str(table))
+    delta_spark.sql(f"DELETE FROM {table_ref(table)} WHERE id % 4 != 0")  # 2
+    delta_spark.sql(f"DELETE FROM {table_ref(table)} WHERE id < 10")  # 3
+    delta_spark.sql(f"RESTORE TABLE {table_ref(table)} TO VERSION AS OF 1")  # 4
+    assert not [a for v in (2, 3, 4) for a in log_actions(table, v) if "cdc" in a]
+    assert _read_alike(spark, delta_spark, table, _range(2, 2)) == 15_000
+    assert _read_alike(spark, delta_spark, table, _range(3, 4)) == 3 + 15_003
