@@ -285,7 +285,7 @@ def test_a_partitioned_copy_on_write_feed_reads_as_in_delta(
             "TRUNCATE TABLE {table}",
         ],
     )
-    assert _read_alike(spark, delta_spark, table, {"readChangeFeed": "true", "startingVersion": "0"}) == 9
+    assert _read_alike(spark, delta_spark, table, {"readChangeFeed": "true", "startingVersion": "0"}) == 10
 
 
 def test_the_feed_of_merges_this_engine_wrote_reads_as_in_delta(
