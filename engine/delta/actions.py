@@ -193,6 +193,11 @@ class Metadata:
     def schema(self) -> T.StructType:
         return parse_schema(self.schema_string)
 
+    @property
+    def cdf_enabled(self) -> bool:
+        """Whether the table records its Change Data Feed (``delta.enableChangeDataFeed``)."""
+        return str(self.configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
+
     def with_schema(self, schema: T.StructType | str | Mapping[str, Any]) -> Metadata:
         """This metadata with another table schema (schema evolution): a StructType or Delta's schema JSON."""
         if isinstance(schema, T.StructType):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pyroaring import BitMap64
 from pyspark.sql import DataFrame, SparkSession
@@ -95,7 +95,7 @@ def read_change_feed(spark: SparkSession, latest: Snapshot, start: int, end: int
     for version in range(start, end + 1):
         entry = _commit(read, version)
         if entry.metadata is not None:
-            if not _cdf_enabled(entry.metadata.configuration):
+            if not entry.metadata.cdf_enabled:
                 raise _not_recorded(version, start, end)
             if version > start and not _read_compatible(entry.metadata.schema, read.spark_schema):
                 raise _incompatible(read, start, end, version, "schema change")
@@ -125,10 +125,6 @@ def change_feed_schema(snapshot: Snapshot) -> T.StructType:
             T.StructField(COMMIT_TIMESTAMP_COL, T.TimestampType(), True),
         ]
     )
-
-
-def _cdf_enabled(configuration: Mapping[str, str]) -> bool:
-    return str(configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
 
 
 def _not_recorded(version: int, start: int, end: int) -> ChangeFeedError:

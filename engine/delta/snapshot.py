@@ -79,7 +79,7 @@ class Snapshot:
 
     @property
     def cdf_enabled(self) -> bool:
-        return str(self.configuration.get("delta.enableChangeDataFeed", "")).lower() == "true"
+        return self.metadata.cdf_enabled
 
     @property
     def data_schema(self) -> T.StructType:

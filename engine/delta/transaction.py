@@ -204,10 +204,7 @@ class Transaction:
         if (
             any(isinstance(a, AddCDCFile) for a in actions)
             and not self.snapshot.cdf_enabled
-            and (
-                new_metadata is None
-                or str(new_metadata.configuration.get("delta.enableChangeDataFeed", "")).lower() != "true"
-            )
+            and (new_metadata is None or not new_metadata.cdf_enabled)
         ):
             raise DeltaError("cdc actions need delta.enableChangeDataFeed = true on the table")
         if new_metadata is not None or new_protocol is not None:
